@@ -1,0 +1,3 @@
+from hetslurm.cli import main
+
+main()

@@ -1,0 +1,93 @@
+"""One exception tree for the whole library.
+
+Every error hetslurm raises on purpose derives from :class:`HetslurmError`. The CLI turns
+them into one line on stderr and a documented exit code (see ``docs/cli.md``); anything
+else is a bug and shows a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class HetslurmError(Exception):
+    """Base of every error hetslurm raises deliberately."""
+
+    #: Process exit status the CLI uses for this family of errors.
+    exit_code: int = 1
+
+
+class ConfigError(HetslurmError):
+    """A site file (or other configuration) is invalid.
+
+    Carries the file, the dotted key and the 1-based line so the message can point at it.
+    """
+
+    exit_code = 2
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        key: str | None = None,
+        line: int | None = None,
+    ) -> None:
+        self.message = message
+        self.file = file
+        self.key = key
+        self.line = line
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        where = []
+        if self.file:
+            where.append(f"{self.file}:{self.line}" if self.line else self.file)
+        if self.key:
+            where.append(f"key '{self.key}'")
+        prefix = ": ".join(where)
+        return f"{prefix}: {self.message}" if prefix else self.message
+
+
+class CoreNotBuiltError(HetslurmError):
+    """The compiled placement core ``hetslurm._core`` is missing or stale."""
+
+    exit_code = 3
+
+
+class BackendError(HetslurmError):
+    """Talking to Slurm failed (a command, its output, or an optional binding)."""
+
+    exit_code = 4
+
+
+@dataclass
+class CommandFailure:
+    """What a failed subprocess left behind, kept on :class:`CommandError`."""
+
+    argv: tuple[str, ...]
+    returncode: int | None
+    stderr: str
+    timed_out: bool = False
+
+
+class CommandError(BackendError):
+    """A subprocess exited non-zero or ran past its timeout."""
+
+    def __init__(self, message: str, failure: CommandFailure) -> None:
+        self.failure = failure
+        super().__init__(message)
+
+
+class PlacementError(HetslurmError):
+    """A placement request is malformed or cannot be satisfied."""
+
+    exit_code = 5
+
+
+class TestbedError(HetslurmError):
+    """The local test cluster could not be installed, started, checked or stopped."""
+
+    exit_code = 6
+
+    __test__ = False  # not a pytest test class despite the name

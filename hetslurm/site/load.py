@@ -1,0 +1,463 @@
+"""Load a site file: TOML → strict schema → cross-checks → resolved :class:`Site`.
+
+Every problem becomes one :class:`hetslurm.errors.ConfigError` naming the file, the dotted
+key and the line it was written on. The first problem (in file order) is reported; fixing
+files one error at a time is what admins do with slurm.conf too.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import tomllib
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, get_args, get_origin
+
+import hostlist
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from hetslurm.errors import ConfigError
+from hetslurm.site import names
+from hetslurm.site.locate import KeyPath, LineIndex
+from hetslurm.site.model import (
+    NodeSpec,
+    ResolvedPartition,
+    Site,
+    class_features,
+    class_weight,
+    place_devices,
+)
+from hetslurm.site.schema import SCHEMA_VERSION, SECTIONS, DeviceGroup, NodeClass, SiteFile
+
+MAX_NODES = 100_000
+_TIME_RE = re.compile(r"^(UNLIMITED|INFINITE|(\d+-)?\d+(:\d{1,2}){0,2})$")
+
+
+class _Ctx:
+    """Turns a key path into a ConfigError with file and line."""
+
+    def __init__(self, path: str, text: str) -> None:
+        self.path = path
+        self.index = LineIndex(text)
+
+    def error(self, key: KeyPath, message: str) -> ConfigError:
+        return ConfigError(
+            message, file=self.path, key=_dotted(key), line=self.index.line_of(key)
+        )
+
+
+def _dotted(key: Sequence[str | int]) -> str:
+    out = ""
+    for part in key:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            s = str(part)
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", s):
+                s = f'"{s}"'
+            out += ("." if out else "") + s
+    return out
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """A ``did you mean 'x'?`` suffix, or an empty string when nothing is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def load_site(path: str | Path) -> Site:
+    """Read, validate and resolve a site file.
+
+    Raises:
+        ConfigError: the file is unreadable, not TOML, or breaks a rule; the message names
+            the file, key and line.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot read site file: {exc.strerror}", file=str(p)) from exc
+    return parse_site(text, str(p))
+
+
+def parse_site(text: str, path: str = "<site>") -> Site:
+    """Like :func:`load_site` on text already read (``path`` only labels errors)."""
+    ctx = _Ctx(path, text)
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        raise ConfigError(
+            f"not valid TOML: {exc}", file=path, line=int(m.group(1)) if m else None
+        ) from exc
+
+    version = raw.get("schema_version")
+    if version is None:
+        raise ConfigError(
+            f"missing 'schema_version' (this hetslurm reads schema_version = {SCHEMA_VERSION})",
+            file=path,
+            key="schema_version",
+            line=1,
+        )
+    if version != SCHEMA_VERSION:
+        raise ctx.error(
+            ("schema_version",),
+            f"schema_version {version!r} is not supported; this hetslurm reads "
+            f"{SCHEMA_VERSION}",
+        )
+
+    sections: dict[str, Any] = {}
+    core = dict(raw)
+    for name, (type_, default) in SECTIONS.items():
+        if name in core:
+            sections[name] = _validate(ctx, TypeAdapter(type_), core.pop(name), (name,), type_)
+        else:
+            sections[name] = default
+    known = list(SiteFile.model_fields) + list(SECTIONS)
+    for key in core:
+        if key not in SiteFile.model_fields:
+            raise ctx.error((key,), f"unknown key '{key}'{did_you_mean(key, known)}")
+    model: SiteFile = _validate(ctx, TypeAdapter(SiteFile), core, (), SiteFile)
+    return _resolve(ctx, model, sections)
+
+
+def _validate(ctx: _Ctx, adapter: TypeAdapter[Any], data: Any, base: KeyPath, type_: Any) -> Any:
+    try:
+        return adapter.validate_python(data)
+    except ValidationError as exc:
+        errs = exc.errors()
+        # Report the problem written first in the file.
+        errs.sort(key=lambda e: ctx.index.line_of((*base, *e["loc"])) or 0)
+        first = errs[0]
+        loc: KeyPath = (*base, *(p for p in first["loc"] if not _is_union_tag(p)))
+        if first["type"] == "extra_forbidden":
+            bad = str(loc[-1])
+            allowed = _fields_at(type_, tuple(first["loc"])[:-1])
+            msg = f"unknown key '{bad}'{did_you_mean(bad, allowed)}"
+        elif first["type"] == "missing":
+            msg = f"required key '{loc[-1]}' is missing"
+        else:
+            msg = _humanise(first)
+        raise ctx.error(loc, msg) from None
+
+
+def _is_union_tag(part: Any) -> bool:
+    # pydantic adds the union member's type name (e.g. 'int', 'DeviceGroup') to a location.
+    return isinstance(part, str) and (
+        part in {"int", "str", "float", "bool", "none"}
+        or part[:1].isupper()
+        or part.startswith(("function-", "constrained-"))
+    )
+
+
+def _humanise(err: Any) -> str:
+    msg = str(err["msg"])
+    value = err.get("input")
+    if err["type"] in {"int_type", "float_type", "string_type", "bool_type", "tuple_type",
+                       "dict_type", "model_type", "list_type"}:
+        return f"{msg} (got {value!r})"
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    return msg
+
+
+def _fields_at(type_: Any, loc: KeyPath) -> list[str]:
+    """Keys a mapping at ``loc`` inside ``type_`` may hold, for 'did you mean' hints."""
+    t = type_
+    for part in loc:
+        t = _unwrap(t)
+        if isinstance(t, type) and issubclass(t, BaseModel):
+            if isinstance(part, str) and part in t.model_fields:
+                t = t.model_fields[part].annotation
+                continue
+            return []
+        origin = get_origin(t)
+        if origin is dict:
+            t = get_args(t)[1]
+        elif origin is tuple or origin is list:
+            t = get_args(t)[0]
+        else:
+            return []
+    t = _unwrap(t)
+    if isinstance(t, type) and issubclass(t, BaseModel):
+        return list(t.model_fields)
+    return []
+
+
+def _unwrap(t: Any) -> Any:
+    args = [a for a in get_args(t) if a is not type(None)]
+    if get_origin(t) is not None and get_origin(t).__name__ in {"Union", "UnionType"}:
+        return args[0] if args else t
+    if type(t).__name__ == "UnionType":
+        return args[0] if args else t
+    if get_origin(t).__class__.__name__ == "_AnnotatedAlias" or hasattr(t, "__metadata__"):
+        return get_args(t)[0]
+    return t
+
+
+def _expand(ctx: _Ctx, key: KeyPath, expr: str) -> list[str]:
+    try:
+        hosts = [h for h in hostlist.expand_hostlist(expr) if h]
+    except hostlist.BadHostlist as exc:
+        raise ctx.error(key, f"'{expr}' is not a valid hostlist expression ({exc})") from None
+    if not hosts:
+        raise ctx.error(key, f"hostlist '{expr}' names no hosts")
+    if len(hosts) > MAX_NODES:
+        raise ctx.error(key, f"hostlist '{expr}' names {len(hosts)} hosts (at most {MAX_NODES})")
+    return hosts
+
+
+def _check_group(ctx: _Ctx, key: KeyPath, group: DeviceGroup, spec: NodeClass) -> None:
+    problem = names.model_name_problem(group.model)
+    if problem:
+        raise ctx.error((*key, "model"), problem)
+    seen: dict[int, int] = {}
+    for i, island in enumerate(group.nvlink_islands):
+        for g in island:
+            if not 0 <= g < group.count:
+                raise ctx.error(
+                    (*key, "nvlink_islands"),
+                    f"island {i} names GPU {g}, but the node has GPUs 0-{group.count - 1}",
+                )
+            if g in seen:
+                raise ctx.error(
+                    (*key, "nvlink_islands"), f"GPU {g} is in islands {seen[g]} and {i}"
+                )
+            seen[g] = i
+    numa_nodes = spec.numa_nodes or spec.sockets
+    if group.numa is not None:
+        if len(group.numa) != group.count:
+            raise ctx.error(
+                (*key, "numa"),
+                f"lists {len(group.numa)} NUMA domains for {group.count} devices",
+            )
+        for d in group.numa:
+            if not 0 <= d < numa_nodes:
+                raise ctx.error(
+                    (*key, "numa"), f"NUMA domain {d} does not exist (0-{numa_nodes - 1})"
+                )
+    if (
+        group.power_idle_watts is not None
+        and group.power_busy_watts is not None
+        and group.power_busy_watts < group.power_idle_watts
+    ):
+        raise ctx.error((*key, "power_busy_watts"), "busy power is below idle power")
+    if group.files is not None:
+        files = _expand(ctx, (*key, "files"), group.files)
+        if len(files) != group.count:
+            raise ctx.error(
+                (*key, "files"), f"names {len(files)} device files for {group.count} devices"
+            )
+
+
+def _check_class(ctx: _Ctx, name: str, spec: NodeClass) -> None:
+    key: KeyPath = ("node_classes", name)
+    problem = names.ident_problem(name, "node class")
+    if problem:
+        raise ctx.error(key, problem)
+    cores = spec.sockets * spec.cores_per_socket
+    numa_nodes = spec.numa_nodes or spec.sockets
+    if cores % numa_nodes:
+        raise ctx.error(
+            (*key, "numa_nodes"), f"{cores} cores do not split evenly into {numa_nodes} domains"
+        )
+    if spec.power_busy_watts < spec.power_idle_watts:
+        raise ctx.error((*key, "power_busy_watts"), "busy power is below idle power")
+    for feat in spec.features:
+        problem = names.model_name_problem(feat)
+        if problem:
+            raise ctx.error((*key, "features"), problem.replace("gres type and ", ""))
+    if spec.gpus:
+        _check_group(ctx, (*key, "gpus"), spec.gpus, spec)
+    if spec.fpgas:
+        _check_group(ctx, (*key, "fpgas"), spec.fpgas, spec)
+        if spec.fpgas.nvlink_islands:
+            raise ctx.error((*key, "fpgas", "nvlink_islands"), "FPGAs have no NVLink islands")
+    if spec.gpus and spec.fpgas and spec.gpus.model == spec.fpgas.model:
+        raise ctx.error((*key, "fpgas", "model"), "an FPGA model cannot share a GPU model's name")
+
+
+def _check_order(ctx: _Ctx, key: KeyPath, order: tuple[str, ...], present: set[str]) -> None:
+    seen = set()
+    for m in order:
+        if m in seen:
+            raise ctx.error(key, f"model '{m}' is listed twice")
+        seen.add(m)
+        if m not in present:
+            raise ctx.error(
+                key, f"model '{m}' is not in any node class{did_you_mean(m, present)}"
+            )
+
+
+def _resolve(ctx: _Ctx, f: SiteFile, sections: dict[str, Any]) -> Site:
+    if not re.fullmatch(r"[a-z][a-z0-9_-]{0,39}", f.name):
+        raise ctx.error(
+            ("name",),
+            "cluster name must be lowercase letters, digits, '_' or '-', starting with a "
+            "letter, at most 40 characters (Slurm lowercases ClusterName)",
+        )
+    if not f.node_classes:
+        raise ctx.error(("node_classes",), "no node classes defined")
+    for cname, spec in f.node_classes.items():
+        _check_class(ctx, cname, spec)
+    gpu_present = {c.gpus.model for c in f.node_classes.values() if c.gpus}
+    fpga_present = {c.fpgas.model for c in f.node_classes.values() if c.fpgas}
+    if gpu_present & fpga_present:
+        raise ctx.error(("node_classes",), "a model name is used for both a GPU and an FPGA")
+    _check_order(ctx, ("scheduling", "gpu_model_order"), f.scheduling.gpu_model_order,
+                 gpu_present)
+    _check_order(ctx, ("scheduling", "fpga_model_order"), f.scheduling.fpga_model_order,
+                 fpga_present)
+    gpu_order = (*f.scheduling.gpu_model_order,
+                 *sorted(gpu_present - set(f.scheduling.gpu_model_order)))
+    fpga_order = (*f.scheduling.fpga_model_order,
+                  *sorted(fpga_present - set(f.scheduling.fpga_model_order)))
+
+    # Nodes.
+    if not f.nodes:
+        raise ctx.error(("nodes",), "no nodes defined")
+    node_class: dict[str, str] = {}
+    order: list[str] = []
+    for expr, cname in f.nodes.items():
+        key: KeyPath = ("nodes", expr)
+        if cname not in f.node_classes:
+            raise ctx.error(
+                key, f"unknown node class '{cname}'{did_you_mean(cname, f.node_classes)}"
+            )
+        for host in _expand(ctx, key, expr):
+            if not names.NODE_RE.match(host):
+                raise ctx.error(key, f"'{host}' is not a valid Slurm node name")
+            if host in node_class:
+                raise ctx.error(key, f"node '{host}' is defined twice")
+            node_class[host] = cname
+            order.append(host)
+    if len(order) > MAX_NODES:
+        raise ctx.error(("nodes",), f"{len(order)} nodes (at most {MAX_NODES})")
+
+    # Partitions.
+    partitions: dict[str, ResolvedPartition] = {}
+    defaults = [n for n, p in f.partitions.items() if p.default]
+    if len(defaults) > 1:
+        raise ctx.error(("partitions", defaults[1], "default"),
+                        f"partitions '{defaults[0]}' and '{defaults[1]}' are both default")
+    for pname, part in f.partitions.items():
+        key = ("partitions", pname)
+        problem = names.ident_problem(pname, "partition")
+        if problem:
+            raise ctx.error(key, problem)
+        if part.nodes == "ALL":
+            pnodes = list(order)
+        else:
+            pnodes = _expand(ctx, (*key, "nodes"), part.nodes)
+            for host in pnodes:
+                if host not in node_class:
+                    raise ctx.error((*key, "nodes"), f"node '{host}' is not defined in [nodes]")
+        for tkey in ("max_time", "default_time"):
+            val = getattr(part, tkey)
+            if val is not None and not _TIME_RE.match(val):
+                raise ctx.error((*key, tkey), f"'{val}' is not a Slurm time ([D-]HH:MM:SS, "
+                                "minutes, or UNLIMITED)")
+        for okey in part.options:
+            if okey.lower() in {"nodes", "default", "maxtime", "defaulttime", "partitionname"}:
+                raise ctx.error((*key, "options", okey), f"'{okey}' has its own key here")
+            if not re.fullmatch(r"[A-Za-z]+", okey):
+                raise ctx.error((*key, "options", okey), f"'{okey}' is not a Slurm option name")
+        partitions[pname] = ResolvedPartition(pname, part, tuple(pnodes))
+
+    leaf_of = _check_switches(ctx, f, node_class)
+
+    nodes = []
+    for host in order:
+        spec = f.node_classes[node_class[host]]
+        nodes.append(
+            NodeSpec(
+                name=host,
+                class_name=node_class[host],
+                spec=spec,
+                features=class_features(spec),
+                weight=class_weight(spec, gpu_order, fpga_order),
+                leaf_switch=leaf_of.get(host),
+                gpus=place_devices(spec, "gpu"),
+                fpgas=place_devices(spec, "fpga"),
+            )
+        )
+
+    _check_classes_section(ctx, sections.get("classes", {}), gpu_present | fpga_present,
+                           partitions)
+    return Site(
+        path=ctx.path,
+        name=f.name,
+        description=f.description,
+        scheduling=f.scheduling,
+        node_classes=dict(f.node_classes),
+        nodes=tuple(nodes),
+        partitions=partitions,
+        switches=dict(f.switches),
+        sections=sections,
+    )
+
+
+def _check_switches(ctx: _Ctx, f: SiteFile, node_class: dict[str, str]) -> dict[str, str]:
+    leaf_of: dict[str, str] = {}
+    parent: dict[str, str] = {}
+    for sname, sw in f.switches.items():
+        key: KeyPath = ("switches", sname)
+        problem = names.ident_problem(sname, "switch")
+        if problem:
+            raise ctx.error(key, problem)
+        if (sw.nodes is None) == (not sw.switches):
+            raise ctx.error(key, "a switch lists either 'nodes' (a leaf) or 'switches', "
+                            "exactly one of them")
+        if sw.nodes is not None:
+            for host in _expand(ctx, (*key, "nodes"), sw.nodes):
+                if host not in node_class:
+                    raise ctx.error((*key, "nodes"), f"node '{host}' is not defined in [nodes]")
+                if host in leaf_of:
+                    raise ctx.error((*key, "nodes"),
+                                    f"node '{host}' is already under switch '{leaf_of[host]}'")
+                leaf_of[host] = sname
+        for child in sw.switches:
+            if child not in f.switches:
+                raise ctx.error((*key, "switches"),
+                                f"unknown switch '{child}'{did_you_mean(child, f.switches)}")
+            if child == sname:
+                raise ctx.error((*key, "switches"), "a switch cannot contain itself")
+            if child in parent:
+                raise ctx.error((*key, "switches"),
+                                f"switch '{child}' already hangs under '{parent[child]}'")
+            parent[child] = sname
+    for sname in f.switches:
+        seen = {sname}
+        cur = sname
+        while cur in parent:
+            cur = parent[cur]
+            if cur in seen:
+                raise ctx.error(("switches", sname), "the switch tree has a cycle")
+            seen.add(cur)
+    if f.switches:
+        missing = [h for h in node_class if h not in leaf_of]
+        if missing:
+            raise ctx.error(("switches",), f"node(s) {hostlist.collect_hostlist(missing)} are "
+                            "under no leaf switch; Slurm's topology/tree would not use them")
+        roots = [s for s in f.switches if s not in parent]
+        if len(roots) > 1:
+            raise ctx.error(("switches",), f"the tree has {len(roots)} roots ({', '.join(roots)})"
+                            "; add a top switch so jobs may span them")
+    return leaf_of
+
+
+def _check_classes_section(ctx: _Ctx, classes: dict[str, Any], models: set[str],
+                           partitions: dict[str, ResolvedPartition]) -> None:
+    for cname, wc in classes.items():
+        key: KeyPath = ("classes", cname)
+        problem = names.ident_problem(cname, "workload class")
+        if problem:
+            raise ctx.error(key, problem)
+        for dev in wc.devices:
+            if dev != "cpu" and dev not in models:
+                raise ctx.error((*key, "devices"), f"device type '{dev}' is not a model of "
+                                f"this site{did_you_mean(dev, models | {'cpu'})}")
+        if wc.partition is not None and wc.partition not in partitions:
+            raise ctx.error((*key, "partition"), f"unknown partition '{wc.partition}'"
+                            f"{did_you_mean(wc.partition, partitions)}")

@@ -1,0 +1,385 @@
+"""Render a :class:`Site` into Slurm's own configuration files.
+
+Pure and deterministic: the same site and runtime give the same bytes, nothing is read from
+a live cluster, and nothing is written here (``write_rendered`` does that, only after
+rendering succeeded). Two modes:
+
+* fragments (default): ``Include``-able pieces for an existing slurm.conf — node lines,
+  partitions and the global keys hetslurm needs — plus gres.conf and topology.conf;
+* whole: a complete slurm.conf for a standalone cluster (the testbed uses it), with the
+  daemons' ports, paths and accounting taken from a :class:`Runtime`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import hostlist
+
+from hetslurm.site.model import Device, NodeSpec, Site
+
+GRES_TYPES = ("gpu", "fpga")
+NVIDIA_MAJOR = 195  # /dev/nvidiaN character devices (Linux devices.txt)
+FPGA_MAJOR = 240  # first of the "local/experimental" majors; emulated FPGAs only
+
+FRAGMENT_FILES = ("hetslurm-globals.conf", "hetslurm-nodes.conf", "hetslurm-partitions.conf")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where and how a whole slurm.conf runs. The defaults are Debian's system layout.
+
+    The testbed sets loopback addresses, free ports, one state folder and emulated devices.
+    """
+
+    state_dir: str | None = None
+    slurmctld_host: str = "localhost"
+    slurmctld_addr: str | None = None
+    slurmctld_port: int = 6817
+    slurmd_port: int = 6818
+    #: Per-node slurmd ports, for many slurmd on one host (the testbed). Requires node_addr.
+    node_ports: Mapping[str, int] = field(default_factory=dict)
+    node_addr: str | None = None
+    slurmdbd_host: str | None = None
+    slurmdbd_port: int = 6819
+    munge_socket: str | None = None
+    #: Emulated device files live under ``device_dir/<node>/``; None means real devices.
+    device_dir: str | None = None
+    slurm_user: str = "slurm"
+    #: Let slurmd accept nodes bigger than the host (``SlurmdParameters=config_overrides``)
+    #: and use the process-tracking plugins that need no cgroup setup.
+    emulate: bool = False
+    job_submit_lua: bool = False
+
+
+@dataclass(frozen=True)
+class DeviceFile:
+    """One device file gres.conf names, and (when emulated) the character device to make."""
+
+    node: str
+    kind: str
+    index: int
+    path: str
+    major: int | None = None
+    minor: int | None = None
+
+
+def device_files(site: Site, runtime: Runtime | None = None) -> list[DeviceFile]:
+    """Every device file of every node, in Slurm index order.
+
+    With ``runtime.device_dir`` set, files are emulated: ``<dir>/<node>/nvidia<i>`` with
+    minor numbers deliberately *not* equal to the index (GPU i gets minor count-1-i), so
+    anything that maps Slurm indices to devices by position instead of by minor is caught.
+    """
+    out: list[DeviceFile] = []
+    for node in site.nodes:
+        for kind, devices in (("gpu", node.gpus), ("fpga", node.fpgas)):
+            if not devices:
+                continue
+            count = len(devices)
+            group = node.spec.gpus if kind == "gpu" else node.spec.fpgas
+            assert group is not None
+            if runtime is not None and runtime.device_dir:
+                stem = "nvidia" if kind == "gpu" else "fpga"
+                major = NVIDIA_MAJOR if kind == "gpu" else FPGA_MAJOR
+                for d in devices:
+                    out.append(DeviceFile(node.name, kind, d.index,
+                                          f"{runtime.device_dir}/{node.name}/{stem}{d.index}",
+                                          major, count - 1 - d.index))
+            else:
+                if group.files:
+                    paths = hostlist.expand_hostlist(group.files)
+                else:
+                    stem = "/dev/nvidia" if kind == "gpu" else "/dev/xclmgmt"
+                    paths = [f"{stem}{i}" for i in range(count)]
+                out.extend(DeviceFile(node.name, kind, i, p) for i, p in enumerate(paths))
+    return out
+
+
+def site_digest(site: Site) -> str:
+    """A short digest of what rendering depends on, written into every file's header."""
+    h = hashlib.sha256()
+    for node in site.nodes:
+        h.update(repr((node.name, node.spec, node.features, node.weight, node.leaf_switch)).encode())
+    for name in sorted(site.partitions):
+        h.update(repr((name, site.partitions[name].spec, site.partitions[name].nodes)).encode())
+    for name in sorted(site.switches):
+        h.update(repr((name, site.switches[name])).encode())
+    h.update(repr(site.scheduling).encode())
+    return h.hexdigest()[:16]
+
+
+def _header(site: Site, what: str) -> list[str]:
+    return [
+        f"# {what} for cluster '{site.name}', rendered by hetslurm from its site file.",
+        f"# hetslurm-site-digest: {site_digest(site)}",
+        "# Do not edit: change the site file and render again.",
+        "",
+    ]
+
+
+def _ranges(values: Iterable[int]) -> str:
+    """[0,1,2,3,6] -> '0-3,6' (Slurm's index list form)."""
+    vals = sorted(set(values))
+    parts: list[str] = []
+    i = 0
+    while i < len(vals):
+        j = i
+        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
+            j += 1
+        parts.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def accounting_tres(site: Site) -> str:
+    """``AccountingStorageTRES``: every gres and every typed GPU/FPGA, so sacct shows models."""
+    tres = ["gres/gpu"]
+    tres += [f"gres/gpu:{m}" for m in site.gpu_models()]
+    tres.append("gres/fpga")
+    tres += [f"gres/fpga:{m}" for m in site.fpga_models()]
+    return ",".join(tres)
+
+
+def _global_lines(site: Site) -> list[str]:
+    lines = [
+        f"GresTypes={','.join(GRES_TYPES)}",
+        f"AccountingStorageTRES={accounting_tres(site)}",
+        "PriorityType=priority/multifactor",
+    ]
+    if site.switches:
+        lines.append("TopologyPlugin=topology/tree")
+    if site.scheduling.def_mem_per_cpu:
+        lines.append(f"DefMemPerCPU={site.scheduling.def_mem_per_cpu}")
+    return lines
+
+
+def _gres_string(node: NodeSpec) -> str:
+    parts = []
+    if node.gpus:
+        parts.append(f"gpu:{node.gpus[0].model}:{len(node.gpus)}")
+    if node.fpgas:
+        parts.append(f"fpga:{node.fpgas[0].model}:{len(node.fpgas)}")
+    return ",".join(parts)
+
+
+def _node_attrs(node: NodeSpec) -> str:
+    s = node.spec
+    attrs = [
+        f"CPUs={node.cpus}",
+        "Boards=1",
+        f"SocketsPerBoard={s.sockets}",
+        f"CoresPerSocket={s.cores_per_socket}",
+        f"ThreadsPerCore={s.threads_per_core}",
+        f"RealMemory={s.memory}",
+    ]
+    gres = _gres_string(node)
+    if gres:
+        attrs.append(f"Gres={gres}")
+    attrs.append(f"Feature={','.join(node.features)}")
+    attrs.append(f"Weight={node.weight}")
+    return " ".join(attrs)
+
+
+def _node_lines(site: Site, runtime: Runtime | None) -> list[str]:
+    lines: list[str] = []
+    if runtime is not None and runtime.node_ports:
+        # Many slurmd on one host: each node needs its own line for its own Port.
+        for node in site.nodes:
+            addr = f" NodeAddr={runtime.node_addr}" if runtime.node_addr else ""
+            lines.append(f"NodeName={node.name}{addr} Port={runtime.node_ports[node.name]} "
+                         f"{_node_attrs(node)} State=UNKNOWN")
+        return lines
+    # Group consecutive nodes with identical attributes into one hostlist line.
+    group: list[NodeSpec] = []
+    for node in [*site.nodes, None]:
+        if group and (node is None or _node_attrs(node) != _node_attrs(group[0])):
+            names = hostlist.collect_hostlist([n.name for n in group])
+            lines.append(f"NodeName={names} {_node_attrs(group[0])} State=UNKNOWN")
+            group = []
+        if node is not None:
+            group.append(node)
+    return lines
+
+
+def _partition_lines(site: Site) -> list[str]:
+    lines = []
+    for name, part in site.partitions.items():
+        nodes = "ALL" if part.spec.nodes == "ALL" else hostlist.collect_hostlist(list(part.nodes))
+        attrs = [f"PartitionName={name}", f"Nodes={nodes}",
+                 f"Default={'YES' if part.spec.default else 'NO'}",
+                 f"MaxTime={part.spec.max_time}"]
+        if part.spec.default_time:
+            attrs.append(f"DefaultTime={part.spec.default_time}")
+        attrs += [f"{k}={v}" for k, v in part.spec.options.items()]
+        attrs.append("State=UP")
+        lines.append(" ".join(attrs))
+    return lines
+
+
+def _links(devices: tuple[Device, ...], d: Device) -> str:
+    # Slurm's Links=: per other device the number of links, -1 for the device itself.
+    return ",".join(
+        "-1" if o.index == d.index else ("1" if o.island == d.island else "0") for o in devices
+    )
+
+
+def render_gres_conf(site: Site, runtime: Runtime | None = None) -> str:
+    """gres.conf: one line per device, ``Cores=`` from its NUMA domain, ``Links=`` from its
+    NVLink island. Slurm 22.05 keeps a job inside one island only through core affinity
+    (measured: with ``Links=`` alone a 4-GPU job was split across islands), so ``Cores=``
+    matters more than ``Links=`` here."""
+    files = {(f.node, f.kind, f.index): f.path for f in device_files(site, runtime)}
+    lines = _header(site, "gres.conf")
+    lines.append("AutoDetect=off")
+    # Nodes whose device lines are identical share one NodeName=<hostlist> block; emulated
+    # devices have per-node paths, so every node gets its own block there.
+    blocks: dict[tuple[str, ...], list[str]] = {}
+    for node in site.nodes:
+        body: list[str] = []
+        for kind, devices in (("gpu", node.gpus), ("fpga", node.fpgas)):
+            for d in devices:
+                entry = (f"Name={kind} Type={d.model} File={files[(node.name, kind, d.index)]} "
+                         f"Cores={_ranges(d.cores)}")
+                if kind == "gpu" and len(devices) > 1:
+                    entry += f" Links={_links(devices, d)}"
+                body.append(entry)
+        if body:
+            blocks.setdefault(tuple(body), []).append(node.name)
+    for body_key, node_names in blocks.items():
+        nl = hostlist.collect_hostlist(node_names)
+        lines += [f"NodeName={nl} {b}" for b in body_key]
+    return "\n".join(lines) + "\n"
+
+
+def render_topology_conf(site: Site) -> str:
+    """topology.conf for topology/tree: leaves list nodes, upper switches list switches."""
+    lines = _header(site, "topology.conf")
+    for name, sw in site.switches.items():
+        if sw.nodes is not None:
+            members = [n.name for n in site.nodes if n.leaf_switch == name]
+            line = f"SwitchName={name} Nodes={hostlist.collect_hostlist(members)}"
+        else:
+            line = f"SwitchName={name} Switches={','.join(sw.switches)}"
+        if sw.link_speed:
+            line += f" LinkSpeed={sw.link_speed}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def _whole_slurm_conf(site: Site, rt: Runtime) -> str:
+    state = rt.state_dir
+    ctld_host = rt.slurmctld_host + (f"({rt.slurmctld_addr})" if rt.slurmctld_addr else "")
+    lines = _header(site, "slurm.conf")
+    lines += [
+        f"ClusterName={site.name}",
+        f"SlurmctldHost={ctld_host}",
+        f"SlurmctldPort={rt.slurmctld_port}",
+        f"SlurmdPort={rt.slurmd_port}",
+        f"SlurmUser={rt.slurm_user}",
+        "SlurmdUser=root",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+    ]
+    if rt.munge_socket:
+        lines.append(f"AuthInfo=socket={rt.munge_socket}")
+    if state:
+        lines += [
+            f"StateSaveLocation={state}/ctld",
+            f"SlurmdSpoolDir={state}/spool/%n",
+            f"SlurmctldPidFile={state}/run/slurmctld.pid",
+            f"SlurmdPidFile={state}/run/slurmd-%n.pid",
+            f"SlurmctldLogFile={state}/log/slurmctld.log",
+            f"SlurmdLogFile={state}/log/slurmd-%n.log",
+        ]
+    else:
+        lines += [
+            "StateSaveLocation=/var/spool/slurmctld",
+            "SlurmdSpoolDir=/var/spool/slurmd",
+            "SlurmctldPidFile=/run/slurmctld.pid",
+            "SlurmdPidFile=/run/slurmd.pid",
+            "SlurmctldLogFile=/var/log/slurm/slurmctld.log",
+            "SlurmdLogFile=/var/log/slurm/slurmd.log",
+        ]
+    if rt.emulate:
+        lines += [
+            "SlurmdParameters=config_overrides",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+        ]
+    else:
+        lines += ["ProctrackType=proctrack/cgroup", "TaskPlugin=task/affinity,task/cgroup"]
+    lines += [
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        "SchedulerType=sched/backfill",
+        "ReturnToService=2",
+        "MpiDefault=none",
+        "SwitchType=switch/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "KillWait=5",
+        "InactiveLimit=0",
+        "MinJobAge=300",
+    ]
+    if rt.slurmdbd_host:
+        lines += [
+            "AccountingStorageType=accounting_storage/slurmdbd",
+            f"AccountingStorageHost={rt.slurmdbd_host}",
+            f"AccountingStoragePort={rt.slurmdbd_port}",
+            "AccountingStorageEnforce=associations,limits,qos",
+        ]
+    if rt.job_submit_lua:
+        lines.append("JobSubmitPlugins=lua")
+    lines += _global_lines(site)
+    lines += ["", "# Nodes"] + _node_lines(site, rt)
+    lines += ["", "# Partitions"] + _partition_lines(site)
+    return "\n".join(lines) + "\n"
+
+
+def render(site: Site, *, whole: bool = False, runtime: Runtime | None = None) -> dict[str, str]:
+    """Render every file; returns file name → content (nothing is written).
+
+    Args:
+        site: a loaded site.
+        whole: write a complete slurm.conf instead of Include-able fragments.
+        runtime: daemons' ports and paths for ``whole`` (Debian's defaults when None).
+    """
+    files: dict[str, str] = {}
+    if whole:
+        files["slurm.conf"] = _whole_slurm_conf(site, runtime or Runtime())
+    else:
+        files["hetslurm-globals.conf"] = "\n".join(
+            [*_header(site, "Global keys hetslurm needs"), *_global_lines(site)]) + "\n"
+        files["hetslurm-nodes.conf"] = "\n".join(
+            [*_header(site, "Node lines"), *_node_lines(site, runtime)]) + "\n"
+        files["hetslurm-partitions.conf"] = "\n".join(
+            [*_header(site, "Partitions"), *_partition_lines(site)]) + "\n"
+    files["gres.conf"] = render_gres_conf(site, runtime)
+    if site.switches:
+        files["topology.conf"] = render_topology_conf(site)
+    return files
+
+
+def write_rendered(files: Mapping[str, str], out_dir: str | Path) -> list[Path]:
+    """Write rendered files atomically (temp file + rename), each readable by Slurm."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, content in sorted(files.items()):
+        target = out / name
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(content)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        written.append(target)
+    return written
