@@ -146,12 +146,13 @@ def accounting_tres(site: Site) -> str:
     return ",".join(tres)
 
 
-def _global_lines(site: Site) -> list[str]:
-    lines = [
-        f"GresTypes={','.join(GRES_TYPES)}",
-        f"AccountingStorageTRES={accounting_tres(site)}",
-        "PriorityType=priority/multifactor",
-    ]
+def _global_lines(site: Site, *, accounting: bool = True) -> list[str]:
+    lines = [f"GresTypes={','.join(GRES_TYPES)}"]
+    if accounting:
+        # slurmctld 22.05 refuses to start with gres TRES and no slurmdbd ("fatal: slurmdbd
+        # is required to run with TRES gres/gpu"), so a whole conf without one omits it.
+        lines.append(f"AccountingStorageTRES={accounting_tres(site)}")
+    lines.append("PriorityType=priority/multifactor")
     if site.switches:
         lines.append("TopologyPlugin=topology/tree")
     if site.scheduling.def_mem_per_cpu:
@@ -333,9 +334,13 @@ def _whole_slurm_conf(site: Site, rt: Runtime) -> str:
             f"AccountingStoragePort={rt.slurmdbd_port}",
             "AccountingStorageEnforce=associations,limits,qos",
         ]
+        if rt.munge_socket:
+            # Connections to slurmdbd authenticate through the munge socket named here, not
+            # AuthInfo (slurm.conf(5), AccountingStoragePass).
+            lines.append(f"AccountingStoragePass={rt.munge_socket}")
     if rt.job_submit_lua:
         lines.append("JobSubmitPlugins=lua")
-    lines += _global_lines(site)
+    lines += _global_lines(site, accounting=bool(rt.slurmdbd_host))
     lines += ["", "# Nodes"] + _node_lines(site, rt)
     lines += ["", "# Partitions"] + _partition_lines(site)
     return "\n".join(lines) + "\n"

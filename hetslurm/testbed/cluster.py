@@ -1,0 +1,595 @@
+"""The local test cluster: a real heterogeneous Slurm 22.05 with accounting, on loopback.
+
+One state folder holds everything: the rendered configuration (``etc/``), the project's own
+munge daemon and key, a MariaDB data directory, Slurm's spool and state, emulated device
+files and ``testbed.json`` (ports, pids, digest). The daemons:
+
+    munged -> mariadbd -> slurmdbd -> (sacctmgr: cluster, account, user, QOS)
+           -> slurmctld -> one slurmd per site node (NodeAddr=127.0.0.1, own Port)
+
+Facts this rests on are in SLURM-TESTBED.md (shared with the project) and docs/testbed.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hetslurm.errors import CommandError, TestbedError
+from hetslurm.site import Site, load_site
+from hetslurm.site.render import Runtime, device_files, render, write_rendered
+from hetslurm.slurm.run import run_command
+from hetslurm.testbed import packages, procs
+
+Log = Callable[[str], None]
+
+ACCOUNT = "hetslurm"
+#: QOS per priority level (``#HET priority=``); 'normal' exists in every slurmdbd.
+QOS_LEVELS = {"high": 1000, "normal": 0, "low": 0}
+NODE_WAIT_S = 120.0
+DAEMON_WAIT_S = 60.0
+SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux; leave room for suffixes
+
+
+def default_dir() -> Path:
+    return Path(os.environ.get("HETSLURM_TESTBED_DIR", Path.cwd() / ".testbed")).absolute()
+
+
+def default_site() -> Path:
+    if os.environ.get("HETSLURM_SITE"):
+        return Path(os.environ["HETSLURM_SITE"])
+    here = Path(__file__).resolve().parents[2] / "site-configs" / "demo.toml"
+    return here if here.exists() else Path.cwd() / "site-configs" / "demo.toml"
+
+
+@dataclass
+class State:
+    """What ``testbed.json`` records between commands."""
+
+    site: str
+    cluster: str
+    ports: dict[str, int]
+    node_ports: dict[str, int]
+    db_password: str
+    procs: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def proc(self, name: str) -> procs.Proc | None:
+        d = self.procs.get(name)
+        return procs.Proc(**d) if d else None
+
+
+@dataclass(frozen=True)
+class UpResult:
+    action: str  # started | already-up | reconfigured | restarted
+    seconds: float
+    nodes: int
+    detail: str = ""
+
+
+class Testbed:
+    """The testbed in one state folder."""
+
+    __test__ = False  # not a pytest class
+
+    def __init__(self, root: Path | str | None = None, log: Log | None = None) -> None:
+        self.root = Path(root).absolute() if root else default_dir()
+        self.log: Log = log or (lambda _msg: None)
+        sock = self.root / "munge" / "munge.sock"
+        if len(str(sock)) > SOCKET_PATH_MAX:
+            raise TestbedError(f"state folder path too long for unix sockets: {self.root} "
+                               "(use --dir with a shorter path)")
+
+    # ---- paths -------------------------------------------------------------------------
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def state_file(self) -> Path:
+        return self.root / "testbed.json"
+
+    @property
+    def munge_sock(self) -> Path:
+        return self.root / "munge" / "munge.sock"
+
+    @property
+    def db_sock(self) -> Path:
+        return self.root / "mysql" / "mysql.sock"
+
+    def env(self) -> dict[str, str]:
+        """Environment for Slurm commands aimed at this cluster."""
+        return dict(os.environ, SLURM_CONF=str(self.conf))
+
+    def env_line(self) -> str:
+        return f"export SLURM_CONF={self.conf}"
+
+    # ---- state -------------------------------------------------------------------------
+    def load_state(self) -> State | None:
+        if not self.state_file.exists():
+            return None
+        try:
+            return State(**json.loads(self.state_file.read_text()))
+        except (ValueError, TypeError) as exc:
+            raise TestbedError(f"{self.state_file} is damaged ({exc}); remove the folder "
+                               "after checking nothing of it runs") from exc
+
+    def save_state(self, st: State) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(st.__dict__, indent=2, sort_keys=True))
+        tmp.replace(self.state_file)
+
+    def runtime(self, st: State) -> Runtime:
+        return Runtime(
+            state_dir=str(self.root),
+            slurmctld_host="localhost",
+            slurmctld_addr="127.0.0.1",
+            slurmctld_port=st.ports["slurmctld"],
+            slurmd_port=st.ports["slurmd"],
+            node_ports=st.node_ports,
+            node_addr="127.0.0.1",
+            slurmdbd_host="127.0.0.1",
+            slurmdbd_port=st.ports["slurmdbd"],
+            munge_socket=str(self.munge_sock),
+            device_dir=str(self.root / "dev"),
+            slurm_user="root",
+            emulate=True,
+            job_submit_lua=(self.etc / "job_submit.lua").exists(),
+        )
+
+    def running(self, st: State | None = None) -> dict[str, bool]:
+        st = st or self.load_state()
+        if st is None:
+            return {}
+        out = {}
+        for name in st.procs:
+            p = st.proc(name)
+            out[name] = bool(p and p.alive())
+        return out
+
+    # ---- up ----------------------------------------------------------------------------
+    def up(self, site_path: Path | str | None = None) -> UpResult:
+        """Install what is missing, start every daemon, wait until every node is idle.
+
+        Idempotent: on a running testbed it compares the newly rendered configuration with
+        the one in use and does nothing, ``scontrol reconfigure`` (partitions only) or a
+        restart of slurmctld and the slurmd (nodes, gres, topology, global keys changed).
+        """
+        t0 = time.monotonic()
+        if os.geteuid() != 0:
+            raise TestbedError("the testbed runs its daemons as root; run as root")
+        installed = packages.ensure_packages(self.log)
+        if installed:
+            self.log(f"installed: {' '.join(installed)}")
+        packages.check_binaries()
+        site_file = Path(site_path) if site_path else default_site()
+        site = load_site(site_file)
+        st = self.load_state()
+        if st is not None and st.cluster != site.name:
+            raise TestbedError(
+                f"{self.root} holds cluster '{st.cluster}', the site is '{site.name}': bring it "
+                "down and use another --dir")
+        if st is not None and self.running(st).get("slurmctld"):
+            return self._update_running(site, str(site_file.absolute()), st, t0)
+        if st is None:
+            st = self._new_state(site, str(site_file.absolute()))
+        else:
+            st.site = str(site_file.absolute())
+            self._assign_node_ports(st, site)
+        self._start_all(site, st)
+        nodes = self.wait_nodes_idle(site)
+        return UpResult("started", time.monotonic() - t0, nodes)
+
+    def _new_state(self, site: Site, site_file: str) -> State:
+        names = ["slurmctld", "slurmd", "slurmdbd", "mariadb"]
+        ports = dict(zip(names, free_ports(len(names)), strict=True))
+        st = State(site=site_file, cluster=site.name, ports=ports, node_ports={},
+                   db_password=secrets.token_hex(16))
+        self._assign_node_ports(st, site)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.save_state(st)
+        return st
+
+    def _assign_node_ports(self, st: State, site: Site) -> None:
+        wanted = [n.name for n in site.nodes]
+        st.node_ports = {k: v for k, v in st.node_ports.items() if k in wanted}
+        new = [n for n in wanted if n not in st.node_ports]
+        taken = set(st.ports.values()) | set(st.node_ports.values())
+        for name, port in zip(new, free_ports(len(new), exclude=taken), strict=True):
+            st.node_ports[name] = port
+
+    def _write_config(self, site: Site, st: State) -> dict[str, str]:
+        files = render(site, whole=True, runtime=self.runtime(st))
+        for d in ("etc", "ctld", "run", "log", "dev"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        for node in site.nodes:
+            (self.root / "spool" / node.name).mkdir(parents=True, exist_ok=True)
+        write_rendered(files, self.etc)
+        dbd = self.etc / "slurmdbd.conf"
+        dbd_text = "\n".join([
+            "# slurmdbd.conf for the hetslurm testbed (mode 600: it holds the DB password)",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.munge_sock}",
+            "DbdHost=localhost",
+            "DbdAddr=127.0.0.1",
+            f"DbdPort={st.ports['slurmdbd']}",
+            "SlurmUser=root",
+            f"PidFile={self.root}/run/slurmdbd.pid",
+            f"LogFile={self.root}/log/slurmdbd.log",
+            "StorageType=accounting_storage/mysql",
+            "StorageHost=127.0.0.1",
+            f"StoragePort={st.ports['mariadb']}",
+            "StorageUser=slurm",
+            f"StoragePass={st.db_password}",
+            "StorageLoc=slurm_acct_db",
+            "",
+        ])
+        fd = os.open(dbd, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(dbd_text)
+        os.chmod(dbd, 0o600)  # slurmdbd refuses a config others can read
+        self._make_devices(site, st)
+        return files
+
+    def _make_devices(self, site: Site, st: State) -> None:
+        # gres.conf File= must name character devices (a plain file makes the node INVAL);
+        # minors differ from indices so index->device mapping bugs show up.
+        for f in device_files(site, self.runtime(st)):
+            path = Path(f.path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            assert f.major is not None and f.minor is not None
+            dev = os.makedev(f.major, f.minor)
+            if path.exists():
+                s = path.stat()
+                if stat.S_ISCHR(s.st_mode) and s.st_rdev == dev:
+                    continue
+                path.unlink()
+            os.mknod(path, 0o660 | stat.S_IFCHR, dev)
+
+    def _start(self, st: State, name: str, argv: list[str], log_name: str) -> None:
+        p = st.proc(name)
+        if p and p.alive():
+            return
+        proc = procs.start_daemon(name, argv, self.root / "log" / log_name, self.env(),
+                                  mark=str(self.root))
+        st.procs[name] = proc.to_dict()
+        self.save_state(st)
+
+    def _start_all(self, site: Site, st: State) -> None:
+        self.log(f"rendering configuration into {self.etc}")
+        self._write_config(site, st)
+        self._start_munge(st)
+        self._start_db(st)
+        self._start_dbd(st)
+        self._register(site)
+        self._start_ctld(st)
+        self._start_slurmds(site, st)
+
+    def _start_munge(self, st: State) -> None:
+        mdir = self.root / "munge"
+        mdir.mkdir(parents=True, exist_ok=True)
+        os.chmod(mdir, 0o755)  # munged refuses a socket dir writable by others
+        key = mdir / "munge.key"
+        if not key.exists():
+            fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(secrets.token_bytes(1024))
+        self.log("starting munged")
+        self._start(st, "munged", [
+            "munged", "--foreground", "--force", f"--socket={self.munge_sock}",
+            f"--key-file={key}", f"--pid-file={mdir}/munged.pid",
+            f"--log-file={self.root}/log/munged.log", f"--seed-file={mdir}/munged.seed",
+        ], "munged.out")
+        wait_for(lambda: self.munge_sock.exists(), DAEMON_WAIT_S, "munged socket",
+                 self.root / "log" / "munged.log")
+
+    def _mysql(self, sql: str) -> None:
+        run_command(["mariadb", f"--socket={self.db_sock}", "-u", "root", "-e", sql],
+                    timeout=60)
+
+    def _start_db(self, st: State) -> None:
+        data = self.root / "mysql" / "data"
+        fresh = not (data / "mysql").exists()
+        if fresh:
+            self.log("initialising MariaDB")
+            data.mkdir(parents=True, exist_ok=True)
+            run_command(["mariadb-install-db", "--user=root", f"--datadir={data}",
+                         "--auth-root-authentication-method=socket", "--skip-test-db"],
+                        timeout=300)
+        self.log("starting mariadbd")
+        self._start(st, "mariadbd", [
+            "mariadbd", "--no-defaults", "--user=root", f"--datadir={data}",
+            f"--socket={self.db_sock}", f"--port={st.ports['mariadb']}",
+            "--bind-address=127.0.0.1", f"--pid-file={self.root}/mysql/mariadbd.pid",
+            f"--log-error={self.root}/log/mariadbd.log",
+            # slurmdbd's documented recommendations for InnoDB.
+            "--innodb-buffer-pool-size=256M", "--innodb-lock-wait-timeout=900",
+        ], "mariadbd.out")
+        wait_for(lambda: self._db_ready(), DAEMON_WAIT_S, "MariaDB",
+                 self.root / "log" / "mariadbd.log")
+        pw = st.db_password
+        self._mysql(
+            "CREATE DATABASE IF NOT EXISTS slurm_acct_db; "
+            f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{pw}'; "
+            f"ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{pw}'; "
+            "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; FLUSH PRIVILEGES;")
+
+    def _db_ready(self) -> bool:
+        if not self.db_sock.exists():
+            return False
+        res = run_command(["mariadb", f"--socket={self.db_sock}", "-u", "root", "-e",
+                           "SELECT 1"], timeout=20, check=False)
+        return res.returncode == 0
+
+    def _start_dbd(self, st: State) -> None:
+        self.log("starting slurmdbd")
+        self._start(st, "slurmdbd", ["slurmdbd", "-D"], "slurmdbd.out")
+        wait_for(lambda: self._sacctmgr_ok(), DAEMON_WAIT_S, "slurmdbd",
+                 self.root / "log" / "slurmdbd.log")
+
+    def _sacctmgr_ok(self) -> bool:
+        res = run_command(["sacctmgr", "-n", "-P", "show", "cluster"], timeout=20,
+                          env=self.env(), check=False)
+        return res.returncode == 0
+
+    def sacctmgr(self, *args: str, check: bool = True) -> str:
+        res = run_command(["sacctmgr", "-i", "-n", "-P", *args], timeout=60, env=self.env(),
+                          check=False)
+        if check and res.returncode != 0 and "Nothing new added" not in res.stdout + res.stderr \
+                and "already exists" not in res.stdout + res.stderr:
+            raise TestbedError(f"sacctmgr {' '.join(args)} failed: "
+                               f"{(res.stderr or res.stdout).strip()}")
+        return res.stdout
+
+    def _register(self, site: Site) -> None:
+        """Cluster, account, user and QOS records; each step skips what exists."""
+        self.log("registering cluster, account, users and QOS in slurmdbd")
+        if site.name not in self.sacctmgr("show", "cluster", "format=cluster").split():
+            self.sacctmgr("add", "cluster", site.name)
+        have_qos = self.sacctmgr("show", "qos", "format=name").split()
+        for qos, prio in QOS_LEVELS.items():
+            if qos not in have_qos:
+                self.sacctmgr("add", "qos", qos, f"Priority={prio}")
+        if ACCOUNT not in self.sacctmgr("show", "account", "format=account").split():
+            self.sacctmgr("add", "account", ACCOUNT, f"Cluster={site.name}",
+                          "Description=hetslurm testbed", "Organization=hetslurm")
+        users = self.sacctmgr("show", "assoc", f"cluster={site.name}", "format=user").split()
+        if "root" not in users:
+            self.sacctmgr("add", "user", "root", f"Account={ACCOUNT}", f"Cluster={site.name}")
+        self.sacctmgr("modify", "user", "root", "set", f"QOS={','.join(QOS_LEVELS)}",
+                      "DefaultQOS=normal")
+
+    def _start_ctld(self, st: State) -> None:
+        self.log("starting slurmctld")
+        self._start(st, "slurmctld", ["slurmctld", "-D", "-f", str(self.conf)],
+                    "slurmctld.out")
+        wait_for(lambda: self._ctld_up(), DAEMON_WAIT_S, "slurmctld",
+                 self.root / "log" / "slurmctld.log")
+
+    def _ctld_up(self) -> bool:
+        res = run_command(["scontrol", "ping"], timeout=20, env=self.env(), check=False)
+        return res.returncode == 0 and "is UP" in res.stdout
+
+    def _start_slurmds(self, site: Site, st: State) -> None:
+        self.log(f"starting {len(site.nodes)} slurmd")
+        for node in site.nodes:
+            self._start(st, f"slurmd:{node.name}",
+                        ["slurmd", "-D", "-f", str(self.conf), "-N", node.name],
+                        f"slurmd-{node.name}.out")
+
+    def node_states(self) -> dict[str, str]:
+        res = run_command(["sinfo", "-h", "-N", "-o", "%N %T"], timeout=30, env=self.env())
+        out: dict[str, str] = {}
+        for line in res.stdout.splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                out[parts[0]] = parts[1]
+        return out
+
+    def wait_nodes_idle(self, site: Site, timeout: float = NODE_WAIT_S) -> int:
+        want = {n.name for n in site.nodes}
+        last: dict[str, str] = {}
+
+        def idle() -> bool:
+            nonlocal last
+            last = self.node_states()
+            return want <= {n for n, s in last.items() if s == "idle"}
+
+        try:
+            wait_for(idle, timeout, "all nodes idle", None)
+        except TestbedError as exc:
+            bad = {n: s for n, s in last.items() if n in want and s != "idle"}
+            raise TestbedError(f"nodes not idle after {timeout:.0f}s: {bad}; see "
+                               f"{self.root}/log/slurmd-<node>.log") from exc
+        return len(want)
+
+    def _update_running(self, site: Site, site_file: str, st: State, t0: float) -> UpResult:
+        old = {p.name: p.read_text() for p in self.etc.glob("*.conf") if p.name != "slurmdbd.conf"}
+        self._assign_node_ports(st, site)
+        new = render(site, whole=True, runtime=self.runtime(st))
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        if not changed:
+            # Still make sure every daemon of the site runs (a slurmd may have died).
+            self._start_slurmds(site, st)
+            n = self.wait_nodes_idle(site)
+            return UpResult("already-up", time.monotonic() - t0, n, "configuration unchanged")
+        st.site = site_file
+        self.save_state(st)
+        if changed == ["slurm.conf"] and _only_partitions_differ(old["slurm.conf"],
+                                                                 new["slurm.conf"]):
+            self._write_config(site, st)
+            run_command(["scontrol", "reconfigure"], timeout=60, env=self.env())
+            n = self.wait_nodes_idle(site)
+            return UpResult("reconfigured", time.monotonic() - t0, n,
+                            "partitions changed: scontrol reconfigure")
+        # Node, gres and topology changes need slurmctld and slurmd restarted in 22.05.
+        self.log(f"{', '.join(changed)} changed: restarting slurmctld and slurmd")
+        self._stop_slurm(st)
+        self._write_config(site, st)
+        self._start_ctld(st)
+        self._start_slurmds(site, st)
+        n = self.wait_nodes_idle(site)
+        return UpResult("restarted", time.monotonic() - t0, n,
+                        f"{', '.join(changed)} changed: restart needed")
+
+    # ---- down --------------------------------------------------------------------------
+    def down(self) -> dict[str, Any]:
+        """Cancel every job, stop exactly the daemons we started, leave nothing running."""
+        t0 = time.monotonic()
+        st = self.load_state()
+        if st is None:
+            return {"stopped": [], "killed": [], "seconds": 0.0}
+        cancelled = 0
+        if self.running(st).get("slurmctld"):
+            cancelled = self._cancel_all()
+        killed: list[str] = []
+        stopped: list[str] = []
+        stopped_slurm, killed_slurm = self._stop_slurm(st)
+        stopped += stopped_slurm
+        killed += killed_slurm
+        for name in ("slurmdbd", "mariadbd", "munged"):
+            p = st.proc(name)
+            if p is None:
+                continue
+            if p.alive():
+                if procs.stop(p, timeout=30):
+                    killed.append(name)
+                stopped.append(name)
+            st.procs.pop(name, None)
+            self.save_state(st)
+        # Anything still carrying our mark (a slurmstepd that did not end) is ours to end.
+        leftovers = procs.marked_pids(str(self.root))
+        for pid in leftovers:
+            name = procs.proc_name(pid)
+            start = procs.proc_starttime(pid)
+            if start is not None and procs.stop(procs.Proc(name, pid, start), timeout=10):
+                killed.append(f"{name}:{pid}")
+        remaining = procs.marked_pids(str(self.root))
+        if remaining:
+            raise TestbedError(f"processes of the testbed still run: {remaining}")
+        return {"stopped": stopped, "killed": killed, "jobs_cancelled": cancelled,
+                "seconds": round(time.monotonic() - t0, 3)}
+
+    def _cancel_all(self) -> int:
+        res = run_command(["squeue", "-h", "-o", "%A"], timeout=30, env=self.env(), check=False)
+        ids = [i for i in res.stdout.split() if i.isdigit()]
+        if ids:
+            run_command(["scancel", *ids], timeout=60, env=self.env(), check=False)
+
+            def drained() -> bool:
+                r = run_command(["squeue", "-h", "-o", "%A"], timeout=30, env=self.env(),
+                                check=False)
+                return r.returncode == 0 and not r.stdout.strip()
+
+            try:
+                wait_for(drained, 60, "jobs to end", None)
+            except TestbedError:
+                self.log("some jobs did not end within 60s; stopping daemons anyway")
+        # Wait for slurmstepd/slurmscriptd children of our daemons to finish on their own.
+        ours = {"slurmctld", "slurmscriptd", "slurmd", "slurmdbd", "mariadbd", "munged"}
+        try:
+            wait_for(lambda: all(procs.proc_name(p) in ours
+                                 for p in procs.marked_pids(str(self.root))),
+                     30, "slurmstepd to end", None)
+        except TestbedError:
+            self.log("slurmstepd still running after 30s; they will be stopped")
+        return len(ids)
+
+    def _stop_slurm(self, st: State) -> tuple[list[str], list[str]]:
+        stopped, killed = [], []
+        names = [n for n in st.procs if n.startswith("slurmd:")] + ["slurmctld"]
+        # SIGTERM all slurmd at once: each takes a moment to shut down.
+        live = []
+        for name in names:
+            p = st.proc(name)
+            if p and p.alive() and name != "slurmctld":
+                os.kill(p.pid, 15)
+                live.append(p)
+        for p in live:
+            if procs.stop(p, timeout=20):
+                killed.append(p.name)
+        for name in names:
+            p = st.proc(name)
+            if name == "slurmctld" and p and p.alive() and procs.stop(p, timeout=30):
+                killed.append(name)
+            if p:
+                stopped.append(name)
+            st.procs.pop(name, None)
+        self.save_state(st)
+        return stopped, killed
+
+    # ---- status ------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        st = self.load_state()
+        if st is None:
+            return {"dir": str(self.root), "exists": False, "daemons": {}, "nodes": {}}
+        alive = self.running(st)
+        nodes: dict[str, str] = {}
+        if alive.get("slurmctld"):
+            try:
+                nodes = self.node_states()
+            except CommandError:
+                nodes = {}
+        return {
+            "dir": str(self.root),
+            "exists": True,
+            "cluster": st.cluster,
+            "site": st.site,
+            "slurm_conf": str(self.conf),
+            "ports": st.ports,
+            "daemons": {n: {"pid": st.procs[n]["pid"], "alive": a} for n, a in alive.items()},
+            "nodes": nodes,
+        }
+
+
+def _only_partitions_differ(old: str, new: str) -> bool:
+    def strip(text: str) -> list[str]:
+        return [ln for ln in text.splitlines()
+                if not ln.startswith(("PartitionName=", "# hetslurm-site-digest"))]
+    return strip(old) == strip(new)
+
+
+def free_ports(n: int, exclude: set[int] | None = None) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 right now (bound with port 0)."""
+    exclude = exclude or set()
+    socks: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        while len(ports) < n:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            port = s.getsockname()[1]
+            if port not in exclude and port not in ports:
+                ports.append(port)
+    finally:
+        for s in socks:
+            s.close()
+    return ports
+
+
+def wait_for(pred: Callable[[], bool], timeout: float, what: str, log_file: Path | None) -> None:
+    deadline = time.monotonic() + timeout
+    delay = 0.1
+    while time.monotonic() < deadline:
+        procs.reap()
+        try:
+            if pred():
+                return
+        except CommandError:
+            pass
+        time.sleep(delay)
+        delay = min(delay * 1.5, 1.0)
+    hint = f"; see {log_file}" if log_file else ""
+    raise TestbedError(f"timed out after {timeout:.0f}s waiting for {what}{hint}")
