@@ -418,7 +418,8 @@ class Testbed:
         old = {p.name: p.read_text() for p in self.etc.glob("*.conf") if p.name != "slurmdbd.conf"}
         self._assign_node_ports(st, site)
         new = render(site, whole=True, runtime=self.runtime(st))
-        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        changed = sorted(k for k in set(old) | set(new)
+                         if _strip_digest(old.get(k)) != _strip_digest(new.get(k)))
         if not changed:
             # Still make sure every daemon of the site runs (a slurmd may have died).
             self._start_slurmds(site, st)
@@ -553,10 +554,15 @@ class Testbed:
         }
 
 
+def _strip_digest(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    return [ln for ln in text.splitlines() if not ln.startswith("# hetslurm-site-digest")]
+
+
 def _only_partitions_differ(old: str, new: str) -> bool:
     def strip(text: str) -> list[str]:
-        return [ln for ln in text.splitlines()
-                if not ln.startswith(("PartitionName=", "# hetslurm-site-digest"))]
+        return [ln for ln in _strip_digest(text) or [] if not ln.startswith("PartitionName=")]
     return strip(old) == strip(new)
 
 

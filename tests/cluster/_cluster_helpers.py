@@ -1,0 +1,73 @@
+"""Helpers for cluster tests (a module of its own: tests/ is not a package, so that the
+installed hetslurm is what the tests import)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from hetslurm.site import Site
+from hetslurm.slurm.run import run_command
+
+
+class Jobs:
+    """Submits jobs for one test and cancels them afterwards."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env = env
+        self.ids: list[str] = []
+
+    def sbatch(self, *args: str, script: str = "sleep 30") -> str:
+        res = run_command(["sbatch", "--parsable", "-o", "/dev/null", *args, "--wrap", script],
+                          timeout=60, env=self.env)
+        job_id = res.stdout.strip().split(";")[0]
+        self.ids.append(job_id)
+        return job_id
+
+    def field(self, job_id: str, key: str) -> str:
+        out = run_command(["scontrol", "show", "job", "-o", job_id], timeout=30,
+                          env=self.env).stdout
+        for tok in out.split():
+            if tok.startswith(f"{key}="):
+                return tok.split("=", 1)[1]
+        raise KeyError(key)
+
+    def wait_state(self, job_id: str, states: set[str], timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        state = "?"
+        while time.monotonic() < deadline:
+            state = self.field(job_id, "JobState")
+            if state in states:
+                return state
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} still {state} after {timeout}s, wanted {states}")
+
+    def sacct(self, job_id: str, fields: str, timeout: float = 60) -> dict[str, str]:
+        """One allocation's accounting record, waiting for slurmdbd to have it."""
+        names = fields.split(",")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = run_command(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", fields],
+                              timeout=30, env=self.env).stdout.strip()
+            if out:
+                row = dict(zip(names, out.splitlines()[0].split("|"), strict=True))
+                if all(row.values()):
+                    return row
+            time.sleep(0.5)
+        raise AssertionError(f"sacct has no complete record of job {job_id}")
+
+    def cancel_all(self) -> None:
+        if self.ids:
+            run_command(["scancel", *self.ids], timeout=60, env=self.env)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                out = run_command(["squeue", "-h", "-o", "%i"], timeout=30,
+                                  env=self.env).stdout.split()
+                if not set(out) & set(self.ids):
+                    return
+                time.sleep(0.5)
+            raise AssertionError(f"jobs {self.ids} did not end after scancel")
+
+
+def nodes_with(site: Site, pred: Callable[..., bool]) -> set[str]:
+    return {n.name for n in site.nodes if pred(n)}
