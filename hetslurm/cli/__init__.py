@@ -57,18 +57,13 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
 
 def _register() -> None:
-    # Command modules are imported here, not at package import, so `import hetslurm.cli`
-    # stays cheap and a broken optional dependency only breaks its own command.
-    from hetslurm.cli import site_cmd
+    # Each group lives in its own module; their heavy imports happen inside the commands,
+    # so `hetslurm --help` stays fast and a missing optional dependency breaks only its
+    # own command.
+    from hetslurm.cli import bench_cmd, site_cmd, status_cmd, testbed_cmd
 
     cli.add_command(site_cmd.site)
-    for name in ("testbed_cmd", "status_cmd", "bench_cmd"):
-        try:
-            mod = __import__(f"hetslurm.cli.{name}", fromlist=["register"])
-        except ModuleNotFoundError as exc:
-            if exc.name != f"hetslurm.cli.{name}":
-                raise
-            continue
+    for mod in (testbed_cmd, status_cmd, bench_cmd):
         mod.register(cli)
 
 

@@ -28,6 +28,7 @@ from hetslurm.site import Site, load_site
 from hetslurm.site.render import Runtime, device_files, render, write_rendered
 from hetslurm.slurm.run import run_command
 from hetslurm.testbed import packages, procs
+from hetslurm.testbed.procs import Proc
 
 Log = Callable[[str], None]
 
@@ -61,9 +62,9 @@ class State:
     db_password: str
     procs: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def proc(self, name: str) -> procs.Proc | None:
+    def proc(self, name: str) -> Proc | None:
         d = self.procs.get(name)
-        return procs.Proc(**d) if d else None
+        return Proc(**d) if d else None
 
 
 @dataclass(frozen=True)
@@ -279,7 +280,7 @@ class Testbed:
     def _start_munge(self, st: State) -> None:
         mdir = self.root / "munge"
         mdir.mkdir(parents=True, exist_ok=True)
-        os.chmod(mdir, 0o755)  # munged refuses a socket dir writable by others
+        os.chmod(mdir, 0o755)  # noqa: S103 - munged refuses a socket dir writable by others
         key = mdir / "munge.key"
         if not key.exists():
             fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)

@@ -61,7 +61,7 @@ def start_daemon(name: str, argv: Sequence[str], log_file: Path, env: Mapping[st
     full_env[MARK] = mark
     with open(log_file, "ab") as log:
         try:
-            p = subprocess.Popen(  # noqa: S603 - argv list, no shell
+            p = subprocess.Popen(
                 list(argv),
                 stdin=subprocess.DEVNULL,
                 stdout=log,

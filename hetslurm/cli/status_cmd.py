@@ -1,0 +1,43 @@
+"""``hetslurm status``: GPUs, FPGAs, cores and memory by model and state."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from hetslurm.cli.output import emit, format_option
+from hetslurm.slurm import BACKENDS, get_backend
+from hetslurm.status import cluster_status
+
+
+@click.command("status")
+@click.option(
+    "--backend",
+    type=click.Choice(BACKENDS),
+    default="auto",
+    show_default=True,
+    help="How to reach Slurm (auto: pyslurm when it matches the running Slurm, else the CLIs).",
+)
+@format_option
+def status(backend: str, output_format: str) -> None:
+    """Show the live cluster by device class.
+
+    Nodes by class and state; GPUs and FPGAs by model, cores and memory: total,
+    allocated, free and unavailable (on drained, down or reserved nodes). Slurm's
+    commands are pointed at a cluster by SLURM_CONF; --backend fake reads the
+    recording named by HETSLURM_FAKE_RECORDING.
+    """
+    # The environment carries SLURM_CONF (and, for --backend fake, a recording to load).
+    result = cluster_status(get_backend(backend, env=dict(os.environ)))
+    if output_format == "json":
+        emit(result.rows(), output_format, document=result.to_dict())
+        return
+    if output_format == "table":
+        emit(result.node_rows(), output_format, title="Nodes")
+    emit(result.rows(), output_format, title="Resources")
+
+
+def register(cli: click.Group) -> None:
+    """Add ``status`` to the ``hetslurm`` command group."""
+    cli.add_command(status)

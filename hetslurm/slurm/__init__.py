@@ -1,0 +1,87 @@
+"""Access to Slurm: one interface, three backends, and Slurm's units in one place.
+
+``get_backend()`` picks an implementation of :class:`SlurmBackend`:
+
+- ``cli``: Slurm's command-line tools (JSON where 22.05 has it);
+- ``pyslurm``: only when pyslurm imports and was built for the running Slurm;
+- ``fake``: in memory, for tests (a recording directory can seed it);
+- ``auto``: pyslurm when usable, else the CLIs.
+
+Importing this package runs nothing and imports no optional binding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from hetslurm.errors import BackendError
+from hetslurm.slurm.backend import (
+    GresKey,
+    JobInfo,
+    NodeInfo,
+    NodeStateChange,
+    NotFoundError,
+    PartitionInfo,
+    QosInfo,
+    SlurmBackend,
+    Switches,
+)
+from hetslurm.slurm.units import UNLIMITED, GresItem, Unlimited
+
+BACKENDS = ("auto", "cli", "pyslurm", "fake")
+
+#: ``env`` key that seeds the fake backend from a recording directory (tests, demos).
+FAKE_RECORDING_ENV = "HETSLURM_FAKE_RECORDING"
+
+__all__ = [
+    "BACKENDS",
+    "FAKE_RECORDING_ENV",
+    "UNLIMITED",
+    "GresItem",
+    "GresKey",
+    "JobInfo",
+    "NodeInfo",
+    "NodeStateChange",
+    "NotFoundError",
+    "PartitionInfo",
+    "QosInfo",
+    "SlurmBackend",
+    "Switches",
+    "Unlimited",
+    "get_backend",
+]
+
+
+def get_backend(name: str = "auto", env: Mapping[str, str] | None = None) -> SlurmBackend:
+    """Return a Slurm backend.
+
+    Args:
+        name: ``auto``, ``cli``, ``pyslurm`` or ``fake``.
+        env: extra environment for Slurm's commands (e.g. ``SLURM_CONF``); for ``fake``,
+            ``HETSLURM_FAKE_RECORDING`` names a recording directory to load.
+
+    Raises:
+        BackendError: an unknown name, or ``pyslurm`` chosen where it cannot be used.
+    """
+    if name == "fake":
+        from hetslurm.slurm.fake import FakeSlurm, load_recorded
+
+        recording = (env or {}).get(FAKE_RECORDING_ENV)
+        return load_recorded(recording) if recording else FakeSlurm()
+    if name == "cli":
+        from hetslurm.slurm.cli_backend import CliBackend
+
+        return CliBackend(env)
+    if name == "pyslurm":
+        from hetslurm.slurm.pyslurm_backend import PyslurmBackend
+
+        return PyslurmBackend(env)
+    if name == "auto":
+        from hetslurm.slurm.cli_backend import CliBackend
+        from hetslurm.slurm.pyslurm_backend import PyslurmBackend, load_pyslurm, usable
+
+        cli = CliBackend(env)
+        if load_pyslurm() is not None and usable(cli.version())[0]:
+            return PyslurmBackend(env)
+        return cli
+    raise BackendError(f"unknown Slurm backend '{name}'; choose one of {', '.join(BACKENDS)}")

@@ -1,0 +1,365 @@
+"""The Slurm access interface and the typed values it speaks.
+
+Every backend (Slurm CLIs, pyslurm, the in-memory fake) implements :class:`SlurmBackend`
+and returns these frozen dataclasses; no raw Slurm string, sentinel or unit crosses this
+boundary (see :mod:`hetslurm.slurm.units`).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+from hetslurm.errors import BackendError
+from hetslurm.slurm.units import UNLIMITED, GresItem, Limit, Unlimited
+
+#: A GRES kind: ``("gpu", "a100")``; the type is None for untyped GRES (``gpu:2``).
+GresKey = tuple[str, str | None]
+
+
+class NotFoundError(BackendError):
+    """The named node, job, partition or QOS does not exist (or no longer does)."""
+
+
+# Base node states in Slurm 22.05 (one per node) and the flags that may be added to them.
+BASE_NODE_STATES = frozenset({"IDLE", "MIXED", "ALLOCATED", "DOWN", "ERROR", "FUTURE", "UNKNOWN"})
+#: Flags that take a node's free devices out of service (counted "unavailable").
+UNAVAILABLE_NODE_FLAGS = frozenset(
+    {
+        "DRAIN",
+        "DOWN",
+        "RESERVED",
+        "MAINTENANCE",
+        "FAIL",
+        "NOT_RESPONDING",
+        "POWERED_DOWN",
+        "POWER_DOWN",
+        "POWERING_DOWN",
+        "INVALID_REG",
+        "REBOOT_REQUESTED",
+        "REBOOT_ISSUED",
+        "ERROR",
+        "FUTURE",
+        "UNKNOWN",
+    }
+)
+
+
+def gres_key_str(key: GresKey) -> str:
+    """``("gpu", "a100")`` to ``"gpu:a100"`` (``"gpu"`` when untyped), for JSON keys."""
+    name, gtype = key
+    return f"{name}:{gtype}" if gtype else name
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Unlimited):
+        return value.value
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, GresItem):
+        return {
+            "name": value.name,
+            "type": value.type,
+            "count": value.count,
+            "indices": None if value.indices is None else list(value.indices),
+        }
+    if isinstance(value, Mapping):
+        return {
+            (gres_key_str(k) if isinstance(k, tuple) else str(k)): _jsonable(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, frozenset | set):
+        return sorted(_jsonable(v) for v in value)
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "__dataclass_fields__"):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in fields(value)}
+    return value
+
+
+class _ToDict:
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict: GRES keys as ``name:type``, times ISO 8601, UNLIMITED as text."""
+        out = _jsonable(self)
+        assert isinstance(out, dict)
+        return out
+
+
+@dataclass(frozen=True)
+class NodeInfo(_ToDict):
+    """One node as Slurm sees it now.
+
+    ``state`` holds the base state and every flag, upper-case, as scontrol spells them
+    (``{"MIXED", "DRAIN"}``). Memory is MiB. ``gres_used_indices`` gives the device
+    indices in use per kind (from ``GresUsed=...(IDX:0-1)``).
+    """
+
+    name: str
+    state: frozenset[str]
+    reason: str | None = None
+    features: tuple[str, ...] = ()
+    active_features: tuple[str, ...] = ()
+    weight: int = 1
+    cpus_total: int = 0
+    cpus_alloc: int = 0
+    memory_total_mib: int = 0
+    memory_alloc_mib: int = 0
+    partitions: tuple[str, ...] = ()
+    gres_total: Mapping[GresKey, int] = field(default_factory=dict)
+    gres_used: Mapping[GresKey, int] = field(default_factory=dict)
+    gres_used_indices: Mapping[GresKey, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def base_state(self) -> str:
+        base = self.state & BASE_NODE_STATES
+        return min(base) if base else "UNKNOWN"
+
+    @property
+    def drained(self) -> bool:
+        return "DRAIN" in self.state
+
+    @property
+    def unavailable(self) -> bool:
+        """True when Slurm will start no new work here (drain, down, reserved, ...)."""
+        return bool(self.state & UNAVAILABLE_NODE_FLAGS)
+
+    @property
+    def state_label(self) -> str:
+        """One word per node, the way sinfo groups them (``drained``, ``draining``, ...)."""
+        if "DOWN" in self.state:
+            return "down"
+        if "DRAIN" in self.state:
+            return "drained" if self.base_state == "IDLE" else "draining"
+        if self.state & {"RESERVED", "MAINTENANCE"}:
+            return "reserved"
+        return self.base_state.lower()
+
+
+@dataclass(frozen=True)
+class JobInfo(_ToDict):
+    """One job (or array task, or heterogeneous component).
+
+    ``job_id`` is Slurm's unique id; ``array_job_id``/``array_task_id`` and
+    ``het_job_id``/``het_job_offset`` say which array or het job it belongs to. A pending
+    array's not-yet-split remainder has ``array_task_spec`` (``"2-3%2"``) and no task id.
+    Requests keep Slurm's three places for GRES: ``tres_per_node`` (``--gres``),
+    ``tres_per_job`` (``--gpus``), ``tres_per_task`` (``--gpus-per-task``).
+    ``allocated_gres`` maps each node to its devices with indices.
+    ``time_limit`` is seconds or UNLIMITED.
+    """
+
+    job_id: int
+    name: str = ""
+    user: str | None = None
+    account: str | None = None
+    partition: str | None = None
+    qos: str | None = None
+    state: str = "UNKNOWN"
+    reason: str | None = None
+    array_job_id: int | None = None
+    array_task_id: int | None = None
+    array_task_spec: str | None = None
+    het_job_id: int | None = None
+    het_job_offset: int | None = None
+    tres_per_node: tuple[GresItem, ...] = ()
+    tres_per_job: tuple[GresItem, ...] = ()
+    tres_per_task: tuple[GresItem, ...] = ()
+    allocated_gres: Mapping[str, tuple[GresItem, ...]] = field(default_factory=dict)
+    nodes: tuple[str, ...] = ()
+    submit_time: datetime | None = None
+    eligible_time: datetime | None = None
+    start_time: datetime | None = None
+    end_time: datetime | None = None
+    time_limit: Limit = None
+    restarts: int = 0
+    batch: bool = True
+    requeue: bool = True
+    comment: str | None = None
+    admin_comment: str | None = None
+    features: str | None = None
+    prefer: str | None = None
+
+    @property
+    def display_id(self) -> str:
+        """The id as squeue prints it: ``5_1``, ``5_[2-3%2]``, ``11+1`` or ``7``."""
+        if self.het_job_id and self.het_job_offset is not None:
+            return f"{self.het_job_id}+{self.het_job_offset}"
+        if self.array_job_id:
+            if self.array_task_id is not None:
+                return f"{self.array_job_id}_{self.array_task_id}"
+            if self.array_task_spec:
+                return f"{self.array_job_id}_[{self.array_task_spec}]"
+        return str(self.job_id)
+
+    def gres_on(self, node: str) -> dict[GresKey, tuple[int, ...]]:
+        """Device indices this job holds on ``node`` by kind."""
+        out: dict[GresKey, tuple[int, ...]] = {}
+        for it in self.allocated_gres.get(node, ()):
+            if it.indices:
+                out[it.key] = tuple(sorted(set(out.get(it.key, ())) | set(it.indices)))
+        return out
+
+
+@dataclass(frozen=True)
+class PartitionInfo(_ToDict):
+    """A partition: its nodes, limits (seconds or UNLIMITED) and configured TRES."""
+
+    name: str
+    nodes: tuple[str, ...] = ()
+    default: bool = False
+    state: str = "UP"
+    max_time: Limit = UNLIMITED
+    default_time: Limit = None
+    total_cpus: int = 0
+    total_nodes: int = 0
+    priority_tier: int = 1
+    qos: str | None = None
+    tres: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QosInfo(_ToDict):
+    """A QOS from the accounting database (TRES keys as Slurm names them)."""
+
+    name: str
+    priority: int = 0
+    flags: tuple[str, ...] = ()
+    preempt: tuple[str, ...] = ()
+    preempt_mode: str | None = None
+    usage_factor: float = 1.0
+    max_wall: Limit = None
+    grp_tres: Mapping[str, int] = field(default_factory=dict)
+    max_tres_per_job: Mapping[str, int] = field(default_factory=dict)
+    max_tres_per_node: Mapping[str, int] = field(default_factory=dict)
+    max_tres_per_user: Mapping[str, int] = field(default_factory=dict)
+    max_jobs_per_user: int | None = None
+    max_submit_per_user: int | None = None
+
+
+@dataclass(frozen=True)
+class Switches:
+    """``--switches=count@max_wait``: at most ``count`` leaf switches, waiting that long."""
+
+    count: int
+    max_wait_s: int | None = None
+
+
+class NodeStateChange(enum.Enum):
+    """The node state changes hetslurm makes (``scontrol update nodename=... state=``)."""
+
+    DRAIN = "DRAIN"
+    RESUME = "RESUME"
+    UNDRAIN = "UNDRAIN"
+    DOWN = "DOWN"
+
+
+#: A job is named by its unique id, or by squeue's spelling (``"5_1"``, ``"11+1"``).
+JobRef = int | str
+
+
+class SlurmBackend(abc.ABC):
+    """How hetslurm reads and changes a Slurm cluster.
+
+    An abstract class rather than a Protocol so every backend shares the argument checks
+    below and ``get_backend`` can tell backends apart at run time.
+    """
+
+    #: Short name used by ``get_backend`` and ``--backend``.
+    name: ClassVar[str] = "abstract"
+
+    # ---------------------------------------------------------------- reading
+    @abc.abstractmethod
+    def nodes(self) -> list[NodeInfo]:
+        """Every node, in Slurm's order."""
+
+    @abc.abstractmethod
+    def node(self, name: str) -> NodeInfo:
+        """One node; :class:`NotFoundError` if Slurm does not know it."""
+
+    @abc.abstractmethod
+    def jobs(self) -> list[JobInfo]:
+        """Every job the controller still holds (including recently finished ones)."""
+
+    @abc.abstractmethod
+    def job(self, job_id: JobRef) -> JobInfo:
+        """One job; :class:`NotFoundError` if the controller no longer has it."""
+
+    @abc.abstractmethod
+    def partitions(self) -> list[PartitionInfo]:
+        """Every partition."""
+
+    @abc.abstractmethod
+    def qos(self) -> list[QosInfo]:
+        """Every QOS (needs accounting; a cluster without it has none)."""
+
+    # ---------------------------------------------------------------- changing
+    @abc.abstractmethod
+    def submit(self, script: str | Path, args: Sequence[str] = ()) -> int:
+        """Submit a batch job; ``script`` is the script text, or a ``Path`` to it.
+
+        ``args`` are extra sbatch options (``["-p", "gpu", "--gres=gpu:a100:2"]``).
+        Returns the new job id.
+        """
+
+    @abc.abstractmethod
+    def update_job(
+        self,
+        job_id: JobRef,
+        *,
+        tres_per_node: Sequence[GresItem] | None = None,
+        features: str | None = None,
+        prefer: str | None = None,
+        switches: Switches | None = None,
+        partition: str | None = None,
+        nodelist: Sequence[str] | None = None,
+        admin_comment: str | None = None,
+    ) -> None:
+        """Change fields of a (normally pending) job; only the given ones change.
+
+        ``tres_per_node`` replaces the job's ``--gres`` request. An empty string for
+        ``features``/``prefer`` clears it; an empty ``nodelist`` clears the node request.
+        """
+
+    @abc.abstractmethod
+    def hold(self, job_id: JobRef) -> None:
+        """Hold a pending job (admin hold when run as an operator)."""
+
+    @abc.abstractmethod
+    def release(self, job_id: JobRef) -> None:
+        """Release a held job."""
+
+    @abc.abstractmethod
+    def requeue(self, job_id: JobRef, *, incomplete: bool = True) -> None:
+        """Requeue a running job; with ``incomplete`` only tasks that have not finished."""
+
+    @abc.abstractmethod
+    def requeue_hold(self, job_id: JobRef) -> None:
+        """Requeue a job and hold it."""
+
+    @abc.abstractmethod
+    def cancel(self, job_id: JobRef) -> None:
+        """Cancel a job."""
+
+    @abc.abstractmethod
+    def update_node(self, name: str, state: NodeStateChange, reason: str | None = None) -> None:
+        """Drain, resume or down a node; Slurm requires ``reason`` for DRAIN and DOWN."""
+
+    # ---------------------------------------------------------------- shared checks
+    @staticmethod
+    def _check_state_change(state: NodeStateChange, reason: str | None) -> None:
+        if state in (NodeStateChange.DRAIN, NodeStateChange.DOWN) and not reason:
+            raise ValueError(f"Slurm requires a reason to set a node {state.value}")
+
+    @staticmethod
+    def _check_update(**given: object) -> dict[str, object]:
+        chosen = {k: v for k, v in given.items() if v is not None}
+        if not chosen:
+            raise ValueError("update_job needs at least one field to change")
+        return chosen

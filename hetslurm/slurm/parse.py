@@ -1,0 +1,427 @@
+"""Pure parsers from Slurm 22.05 output to the typed values of :mod:`.backend`.
+
+No subprocess here: the CLI backend feeds these the text it ran, and tests and
+:mod:`.fake` feed them the recordings in ``tests/data/slurm/``. Only the fields hetslurm
+uses are read; fields Slurm adds are ignored.
+
+Tested schema: ``squeue --json`` and ``sinfo --json`` with ``meta.plugin.type ==
+"openapi/v0.0.38"``, ``sacct --json`` with ``"openapi/dbv0.0.38"``, all from Slurm
+22.05.8 (``meta.Slurm.release``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hetslurm.errors import BackendError
+from hetslurm.slurm import units
+from hetslurm.slurm.backend import JobInfo, NodeInfo, PartitionInfo, QosInfo
+from hetslurm.slurm.units import GresItem
+
+#: JSON plugin versions these parsers were checked against.
+TESTED_JSON_PLUGINS = frozenset({"openapi/v0.0.38", "openapi/dbv0.0.38"})
+
+# A key in `scontrol show ... -o` output: a word that follows whitespace and precedes '='.
+# Values may hold spaces (Comment=, Reason=, OS=) and '=' (TRES=cpu=1,...), so a value runs
+# to the next such key. Free text that itself contains " Word=" cannot be told apart.
+_KEY_RE = re.compile(r"(?:^|(?<=\s))([A-Za-z_][A-Za-z0-9_:/.]*)=")
+# scontrol appends who set a node's reason and when: "bad fan [root@2026-11-30T02:53:03]".
+_REASON_SUFFIX_RE = re.compile(r"\s*\[[^\[\]@]*@[^\[\]]*\]\s*$")
+
+
+# ------------------------------------------------------------------------ JSON documents
+def load_json_document(text: str, *, what: str) -> dict[str, Any]:
+    """Parse a ``--json`` document and refuse one whose ``errors`` list is not empty."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise BackendError(f"{what} did not print JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise BackendError(f"{what} printed JSON that is not an object")
+    errors = doc.get("errors") or []
+    if errors:
+        raise BackendError(f"{what} reported errors: {errors}")
+    return doc
+
+
+def json_plugin(doc: Mapping[str, Any]) -> str | None:
+    """The ``meta.plugin.type`` of a ``--json`` document (``openapi/v0.0.38`` on 22.05)."""
+    meta = doc.get("meta") or {}
+    plugin = meta.get("plugin") or {}
+    value = plugin.get("type")
+    return str(value) if value else None
+
+
+def _split_list(text: str | None) -> tuple[str, ...]:
+    if text is None or units.is_empty(text):
+        return ()
+    return tuple(p.strip() for p in text.split(",") if p.strip())
+
+
+def _node_from_parts(
+    *,
+    name: str,
+    state: frozenset[str],
+    reason: str | None,
+    features: str | None,
+    active_features: str | None,
+    weight: int | None,
+    cpus_total: int | None,
+    cpus_alloc: int | None,
+    memory_total: int | None,
+    memory_alloc: int | None,
+    partitions: Iterable[str],
+    gres: str | None,
+    gres_used: str | None,
+) -> NodeInfo:
+    used = units.parse_gres(gres_used)
+    return NodeInfo(
+        name=name,
+        state=state,
+        reason=reason,
+        features=_split_list(features),
+        active_features=_split_list(active_features),
+        weight=units.int_or_none(weight) or 1,
+        cpus_total=units.int_or_none(cpus_total) or 0,
+        cpus_alloc=units.int_or_none(cpus_alloc) or 0,
+        memory_total_mib=units.int_or_none(memory_total, 64) or 0,
+        memory_alloc_mib=units.int_or_none(memory_alloc, 64) or 0,
+        partitions=tuple(partitions),
+        gres_total=units.gres_counts(units.parse_gres(gres)),
+        gres_used=units.gres_counts(used),
+        gres_used_indices=units.gres_indices(used),
+    )
+
+
+def parse_node_state(text: str) -> frozenset[str]:
+    """``MIXED+DRAIN`` (scontrol) or ``IDLE*`` (sinfo) to ``{"MIXED", "DRAIN"}``.
+
+    sinfo's trailing ``*`` means not responding; scontrol spells it as a flag.
+    """
+    out: set[str] = set()
+    for part in text.strip().upper().split("+"):
+        if part.endswith("*"):
+            out.add("NOT_RESPONDING")
+            part = part.rstrip("*")
+        if part:
+            out.add(part)
+    return frozenset(out)
+
+
+def parse_sinfo_json(text: str) -> list[NodeInfo]:
+    """Nodes from ``sinfo --json`` (22.05: one entry per node, filters ignored)."""
+    doc = load_json_document(text, what="sinfo --json")
+    out = []
+    for n in doc.get("nodes") or []:
+        state = {str(n.get("state", "unknown")).upper()}
+        state.update(str(f).upper() for f in n.get("state_flags") or [])
+        out.append(
+            _node_from_parts(
+                name=n["name"],
+                state=frozenset(state),
+                reason=units.text_or_none(n.get("reason")),
+                features=n.get("features"),
+                active_features=n.get("active_features"),
+                weight=n.get("weight"),
+                cpus_total=n.get("cpus"),
+                cpus_alloc=n.get("alloc_cpus"),
+                memory_total=n.get("real_memory"),
+                memory_alloc=n.get("alloc_memory"),
+                partitions=n.get("partitions") or (),
+                gres=n.get("gres"),
+                gres_used=n.get("gres_used"),
+            )
+        )
+    return out
+
+
+def _tres_items(value: str | None) -> tuple[GresItem, ...]:
+    # tres_per_* hold GRES requests as "gres:gpu:a100:2"; other TRES (e.g. "license/x")
+    # are not devices hetslurm places, so only the gres ones are kept.
+    if value is None or units.is_empty(value):
+        return ()
+    parts = [p for p in units.split_top_level(value) if p.startswith(("gres:", "gres/"))]
+    return units.parse_gres(",".join(parts)) if parts else ()
+
+
+def _json_job(j: Mapping[str, Any]) -> JobInfo:
+    array_job_id = units.int_or_none(j.get("array_job_id"))
+    array_task = j.get("array_task_id")
+    het_job_id = units.int_or_none(j.get("het_job_id"))
+    nodes = units.expand_hostlist(j.get("nodes"))
+    allocated: dict[str, tuple[GresItem, ...]] = {}
+    detail = j.get("gres_detail") or []
+    alloc_nodes = [
+        a.get("nodename") for a in (j.get("job_resources") or {}).get("allocated_nodes") or []
+    ]
+    # gres_detail has one entry per allocated node, in the order of job_resources'
+    # allocated_nodes; `scontrol show job -d` names the nodes explicitly and is preferred
+    # by the CLI backend.
+    for i, entry in enumerate(detail):
+        node = alloc_nodes[i] if i < len(alloc_nodes) else (nodes[i] if i < len(nodes) else None)
+        items = tuple(it for it in units.parse_gres(entry) if it.count)
+        if node and items:
+            allocated[node] = items
+    limit = units.minutes_limit(j.get("time_limit"))
+    return JobInfo(
+        job_id=int(j["job_id"]),
+        name=j.get("name") or "",
+        user=units.text_or_none(j.get("user_name")),
+        account=units.text_or_none(j.get("account")),
+        partition=units.text_or_none(j.get("partition")),
+        qos=units.text_or_none(j.get("qos")),
+        state=str(j.get("job_state") or "UNKNOWN").upper(),
+        reason=units.text_or_none(j.get("state_reason")),
+        array_job_id=array_job_id or None,
+        array_task_id=units.int_or_none(array_task) if array_job_id else None,
+        array_task_spec=units.text_or_none(j.get("array_task_string")),
+        het_job_id=het_job_id or None,
+        het_job_offset=units.int_or_none(j.get("het_job_offset")) if het_job_id else None,
+        tres_per_node=_tres_items(j.get("tres_per_node")),
+        tres_per_job=_tres_items(j.get("tres_per_job")),
+        tres_per_task=_tres_items(j.get("tres_per_task")),
+        allocated_gres=allocated,
+        nodes=nodes,
+        submit_time=units.from_epoch(j.get("submit_time")),
+        eligible_time=units.from_epoch(j.get("eligible_time")),
+        start_time=units.from_epoch(j.get("start_time")),
+        end_time=units.from_epoch(j.get("end_time")),
+        time_limit=limit,
+        restarts=units.int_or_none(j.get("restart_cnt")) or 0,
+        batch=bool(j.get("batch_flag", True)),
+        requeue=bool(j.get("requeue", True)),
+        comment=units.text_or_none(j.get("comment")),
+        admin_comment=units.text_or_none(j.get("admin_comment")),
+        features=units.text_or_none(j.get("features")),
+        prefer=units.text_or_none(j.get("prefer")),
+    )
+
+
+def parse_squeue_json(text: str) -> list[JobInfo]:
+    """Jobs from ``squeue --json`` (22.05: every job the controller holds, any state)."""
+    doc = load_json_document(text, what="squeue --json")
+    return [_json_job(j) for j in doc.get("jobs") or []]
+
+
+# ------------------------------------------------------------------- scontrol -o records
+def scontrol_pairs(line: str) -> list[tuple[str, str]]:
+    """One ``scontrol show ... -o`` line to ordered ``(key, value)`` pairs.
+
+    Keys can repeat: with ``-d`` a job line holds one ``Nodes= CPU_IDs= Mem= GRES=`` group
+    per set of nodes, so this returns a list, not a dict.
+    """
+    matches = list(_KEY_RE.finditer(line))
+    out = []
+    for i, m in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(line)
+        out.append((m.group(1), line[m.end() : end].strip()))
+    return out
+
+
+def scontrol_records(text: str) -> list[list[tuple[str, str]]]:
+    """Every non-empty line of ``scontrol show ... -o`` output as pairs."""
+    return [scontrol_pairs(line) for line in text.splitlines() if line.strip()]
+
+
+def _first(pairs: list[tuple[str, str]], key: str) -> str | None:
+    for k, v in pairs:
+        if k == key:
+            return v
+    return None
+
+
+def _int(text: str | None) -> int | None:
+    if text is None or units.is_empty(text):
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _node_reason(text: str | None) -> str | None:
+    if text is None:
+        return None
+    return units.text_or_none(_REASON_SUFFIX_RE.sub("", text))
+
+
+def parse_scontrol_nodes(text: str) -> list[NodeInfo]:
+    """Nodes from ``scontrol show node -d -o`` (``GresUsed`` carries the IDX lists)."""
+    out = []
+    for rec in scontrol_records(text):
+        name = _first(rec, "NodeName")
+        if not name:
+            continue
+        mem_alloc = _first(rec, "AllocMem")
+        out.append(
+            _node_from_parts(
+                name=name,
+                state=parse_node_state(_first(rec, "State") or "UNKNOWN"),
+                reason=_node_reason(_first(rec, "Reason")),
+                features=_first(rec, "AvailableFeatures"),
+                active_features=_first(rec, "ActiveFeatures"),
+                weight=_int(_first(rec, "Weight")),
+                cpus_total=_int(_first(rec, "CPUTot")),
+                cpus_alloc=_int(_first(rec, "CPUAlloc")),
+                memory_total=_int(_first(rec, "RealMemory")),
+                memory_alloc=_int(mem_alloc),
+                partitions=_split_list(_first(rec, "Partitions")),
+                gres=_first(rec, "Gres"),
+                gres_used=_first(rec, "GresUsed"),
+            )
+        )
+    return out
+
+
+def _user_name(text: str | None) -> str | None:
+    # scontrol prints "UserId=root(0)".
+    if text is None or units.is_empty(text):
+        return None
+    return text.split("(", 1)[0] or None
+
+
+def parse_job_gres_detail(pairs: list[tuple[str, str]]) -> dict[str, tuple[GresItem, ...]]:
+    """Per-node devices from the ``Nodes=... GRES=gpu:a100:2(IDX:0-1)`` groups of ``-d``."""
+    out: dict[str, tuple[GresItem, ...]] = {}
+    current: tuple[str, ...] = ()
+    for key, value in pairs:
+        if key == "Nodes":
+            current = units.expand_hostlist(value)
+        elif key == "GRES" and current:
+            items = tuple(it for it in units.parse_gres(value) if it.count)
+            if items:
+                for node in current:
+                    out[node] = items
+    return out
+
+
+def parse_scontrol_jobs(text: str) -> list[JobInfo]:
+    """Jobs from ``scontrol show job -d -o``."""
+    out = []
+    for rec in scontrol_records(text):
+        job_id = _int(_first(rec, "JobId"))
+        if job_id is None:
+            continue
+        array_job_id = _int(_first(rec, "ArrayJobId"))
+        array_task_raw = _first(rec, "ArrayTaskId")
+        array_task_id = _int(array_task_raw)
+        het_job_id = _int(_first(rec, "HetJobId"))
+        out.append(
+            JobInfo(
+                job_id=job_id,
+                name=_first(rec, "JobName") or "",
+                user=_user_name(_first(rec, "UserId")),
+                account=units.text_or_none(_first(rec, "Account")),
+                partition=units.text_or_none(_first(rec, "Partition")),
+                qos=units.text_or_none(_first(rec, "QOS")),
+                state=(_first(rec, "JobState") or "UNKNOWN").upper(),
+                reason=units.text_or_none(_first(rec, "Reason")),
+                array_job_id=array_job_id,
+                array_task_id=array_task_id,
+                array_task_spec=(
+                    array_task_raw if array_task_raw is not None and array_task_id is None else None
+                ),
+                het_job_id=het_job_id,
+                het_job_offset=_int(_first(rec, "HetJobOffset")) if het_job_id else None,
+                tres_per_node=_tres_items(_first(rec, "TresPerNode")),
+                tres_per_job=_tres_items(_first(rec, "TresPerJob")),
+                tres_per_task=_tres_items(_first(rec, "TresPerTask")),
+                allocated_gres=parse_job_gres_detail(rec),
+                nodes=units.expand_hostlist(_first(rec, "NodeList")),
+                submit_time=units.parse_datetime(_first(rec, "SubmitTime")),
+                eligible_time=units.parse_datetime(_first(rec, "EligibleTime")),
+                start_time=units.parse_datetime(_first(rec, "StartTime")),
+                end_time=units.parse_datetime(_first(rec, "EndTime")),
+                time_limit=units.time_seconds(_first(rec, "TimeLimit")),
+                restarts=_int(_first(rec, "Restarts")) or 0,
+                batch=_first(rec, "BatchFlag") != "0",
+                requeue=_first(rec, "Requeue") != "0",
+                comment=units.text_or_none(_first(rec, "Comment")),
+                admin_comment=units.text_or_none(_first(rec, "AdminComment")),
+                features=units.text_or_none(_first(rec, "Features")),
+                prefer=units.text_or_none(_first(rec, "Prefer")),
+            )
+        )
+    return out
+
+
+def parse_scontrol_partitions(text: str) -> list[PartitionInfo]:
+    """Partitions from ``scontrol show partition -o``."""
+    out = []
+    for rec in scontrol_records(text):
+        name = _first(rec, "PartitionName")
+        if not name:
+            continue
+        max_time = units.time_seconds(_first(rec, "MaxTime"))
+        out.append(
+            PartitionInfo(
+                name=name,
+                nodes=units.expand_hostlist(_first(rec, "Nodes")),
+                default=_first(rec, "Default") == "YES",
+                state=_first(rec, "State") or "UP",
+                # MaxTime=UNLIMITED is the default; None would mean "not printed".
+                max_time=units.UNLIMITED if max_time is None else max_time,
+                default_time=units.time_seconds(_first(rec, "DefaultTime")),
+                total_cpus=_int(_first(rec, "TotalCPUs")) or 0,
+                total_nodes=_int(_first(rec, "TotalNodes")) or 0,
+                priority_tier=_int(_first(rec, "PriorityTier")) or 1,
+                qos=units.text_or_none(_first(rec, "QoS")),
+                tres=units.parse_tres(_first(rec, "TRES")),
+            )
+        )
+    return out
+
+
+def parse_sacctmgr_qos(text: str) -> list[QosInfo]:
+    """QOS from ``sacctmgr show qos -P`` (header line first, ``|``-separated).
+
+    Columns are found by header name, so a Slurm that adds columns still parses.
+    """
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return []
+    header = lines[0].split("|")
+    if "Name" not in header:
+        raise BackendError("sacctmgr show qos -P printed no header with 'Name'")
+    out = []
+    for line in lines[1:]:
+        row = dict(zip(header, line.split("|"), strict=False))
+        usage = row.get("UsageFactor") or ""
+        out.append(
+            QosInfo(
+                name=row["Name"],
+                priority=_int(row.get("Priority")) or 0,
+                flags=_split_list(row.get("Flags")),
+                preempt=_split_list(row.get("Preempt")),
+                preempt_mode=units.text_or_none(row.get("PreemptMode")),
+                usage_factor=float(usage) if usage else 1.0,
+                max_wall=units.time_seconds(row.get("MaxWall")),
+                grp_tres=units.parse_tres(row.get("GrpTRES")),
+                max_tres_per_job=units.parse_tres(row.get("MaxTRES")),
+                max_tres_per_node=units.parse_tres(row.get("MaxTRESPerNode")),
+                max_tres_per_user=units.parse_tres(row.get("MaxTRESPU")),
+                max_jobs_per_user=_int(row.get("MaxJobsPU")),
+                max_submit_per_user=_int(row.get("MaxSubmitPU")),
+            )
+        )
+    return out
+
+
+def parse_sbatch_parsable(text: str) -> int:
+    """The job id from ``sbatch --parsable`` (``"12"`` or ``"12;cluster"``)."""
+    first = text.strip().splitlines()[-1] if text.strip() else ""
+    job = first.split(";", 1)[0]
+    if not job.isdigit():
+        raise BackendError(f"sbatch --parsable printed no job id: {text!r}")
+    return int(job)
+
+
+def parse_slurm_version(text: str) -> tuple[int, int, int]:
+    """``slurm 22.05.8`` (``scontrol --version``) to ``(22, 5, 8)``."""
+    m = re.search(r"(\d+)\.(\d+)\.(\d+)", text)
+    if not m:
+        raise BackendError(f"cannot read a Slurm version from {text!r}")
+    return int(m.group(1)), int(m.group(2)), int(m.group(3))
