@@ -35,7 +35,8 @@ setup(
     ext_modules=cythonize(
         extensions,
         compiler_directives=DIRECTIVES,
-        # A debug build must not be mistaken for a release one in the build cache.
-        force=DEBUG,
+        # Generated C goes to a folder per mode: Cython's cache compares timestamps only, so
+        # a release build right after a debug one would otherwise keep the debug C.
+        build_dir="build/cython-debug" if DEBUG else "build/cython-release",
     ),
 )
