@@ -46,7 +46,9 @@ def test_up_is_idempotent_updates_in_place_and_down_leaves_nothing(tmp_path: Pat
 
         # A node change (a new feature) needs slurmctld and slurmd restarted.
         site.write_text(site.read_text().replace(
-            '[node_classes.cpu8]\nsockets = 2', '[node_classes.cpu8]\nfeatures = ["ssd"]\nsockets = 2'))
+            "[node_classes.cpu8]\nsockets = 2",
+            '[node_classes.cpu8]\nfeatures = ["ssd"]\nsockets = 2',
+        ))
         res = tb.up(site)
         assert res.action == "restarted"
         assert "AvailableFeatures=cpu,ssd" in _show(tb, "node", "cpu1")
