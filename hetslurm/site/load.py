@@ -127,13 +127,16 @@ def _validate(ctx: _Ctx, adapter: TypeAdapter[Any], data: Any, base: KeyPath, ty
         return adapter.validate_python(data)
     except ValidationError as exc:
         errs = exc.errors()
-        # Report the problem written first in the file.
-        errs.sort(key=lambda e: ctx.index.line_of((*base, *e["loc"])) or 0)
-        first = errs[0]
-        loc: KeyPath = (*base, *(p for p in first["loc"] if not _is_union_tag(p)))
+        locs = [_data_loc(data, e["loc"], e["type"]) for e in errs]
+        # Report the problem written first in the file; a missing key only after the rest,
+        # because a misspelled key causes both and "did you mean" is the useful message.
+        order = sorted(range(len(errs)), key=lambda i: (
+            errs[i]["type"] == "missing", ctx.index.line_of((*base, *locs[i])) or 0))
+        first, rel = errs[order[0]], locs[order[0]]
+        loc: KeyPath = (*base, *rel)
         if first["type"] == "extra_forbidden":
             bad = str(loc[-1])
-            allowed = _fields_at(type_, tuple(first["loc"])[:-1])
+            allowed = _fields_at(type_, rel[:-1])
             msg = f"unknown key '{bad}'{did_you_mean(bad, allowed)}"
         elif first["type"] == "missing":
             msg = f"required key '{loc[-1]}' is missing"
@@ -142,13 +145,26 @@ def _validate(ctx: _Ctx, adapter: TypeAdapter[Any], data: Any, base: KeyPath, ty
         raise ctx.error(loc, msg) from None
 
 
-def _is_union_tag(part: Any) -> bool:
-    # pydantic adds the union member's type name (e.g. 'int', 'DeviceGroup') to a location.
-    return isinstance(part, str) and (
-        part in {"int", "str", "float", "bool", "none"}
-        or part[:1].isupper()
-        or part.startswith(("function-", "constrained-"))
-    )
+def _data_loc(data: Any, loc: Sequence[str | int], err_type: str) -> KeyPath:
+    """The part of a pydantic error location that names keys of the file.
+
+    pydantic inserts the tried union member (``int``, ``DeviceGroup``,
+    ``function-before[...]``) into locations. A name test cannot tell those from keys a
+    user wrote (``MaxNodes`` in partition options, a partition called ``GPU``), so walk
+    the data instead: a part is a key when the data holds it, or when it is the last part
+    of a "missing" error.
+    """
+    out: list[str | int] = []
+    cur = data
+    for i, part in enumerate(loc):
+        in_dict = isinstance(cur, dict) and part in cur
+        in_list = isinstance(cur, list | tuple) and isinstance(part, int) and 0 <= part < len(cur)
+        if in_dict or in_list:
+            out.append(part)
+            cur = cur[part]
+        elif err_type == "missing" and i == len(loc) - 1 and isinstance(cur, dict):
+            out.append(part)
+    return tuple(out)
 
 
 def _humanise(err: Any) -> str:
@@ -361,8 +377,19 @@ def _resolve(ctx: _Ctx, f: SiteFile, sections: dict[str, Any]) -> Site:
         for okey in part.options:
             if okey.lower() in {"nodes", "default", "maxtime", "defaulttime", "partitionname"}:
                 raise ctx.error((*key, "options", okey), f"'{okey}' has its own key here")
+            if okey.lower() == "state":
+                # The renderer writes State=UP on every partition line.
+                raise ctx.error((*key, "options", okey), "'State' is always rendered as UP")
             if not re.fullmatch(r"[A-Za-z]+", okey):
                 raise ctx.error((*key, "options", okey), f"'{okey}' is not a Slurm option name")
+            if not re.fullmatch(r"[^\s#]+", part.options[okey]):
+                # A blank, newline or '#' would end the value inside slurm.conf and let the
+                # rest become another option, another line or a comment.
+                raise ctx.error((*key, "options", okey), f"value {part.options[okey]!r} must "
+                                "not be empty or hold blanks, newlines or '#'")
+        # Option order carries no meaning to Slurm; sort it so the rendered bytes (and the
+        # site digest) do not depend on the order keys were written in.
+        part = part.model_copy(update={"options": dict(sorted(part.options.items()))})
         partitions[pname] = ResolvedPartition(pname, part, tuple(pnodes))
 
     leaf_of = _check_switches(ctx, f, node_class)
@@ -433,7 +460,8 @@ def _check_switches(ctx: _Ctx, f: SiteFile, node_class: dict[str, str]) -> dict[
         while cur in parent:
             cur = parent[cur]
             if cur in seen:
-                raise ctx.error(("switches", sname), "the switch tree has a cycle")
+                # Name a switch on the cycle, not the (possibly innocent) one we started from.
+                raise ctx.error(("switches", cur), f"the switch tree has a cycle through '{cur}'")
             seen.add(cur)
     if f.switches:
         missing = [h for h in node_class if h not in leaf_of]

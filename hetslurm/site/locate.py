@@ -76,13 +76,20 @@ class LineIndex:
                     array_counts[path] = idx + 1
                     path = (*path, idx)
                 table = path
-                self._lines.setdefault(table, lineno)
+                self._record(table, lineno)
                 continue
             key = _KEY.match(line)
             if key:
                 full = (*table, *_parts(key.group(1)))
-                self._lines.setdefault(full, lineno)
+                self._record(full, lineno)
                 depth = max(0, _depth_change(line[key.end() :]))
+
+    def _record(self, path: KeyPath, lineno: int) -> None:
+        # A table written only through its children (``[switches.leaf1]`` and no
+        # ``[switches]``) is located where its first child was written, so an error about
+        # the whole table still names a line.
+        for end in range(1, len(path) + 1):
+            self._lines.setdefault(path[:end], lineno)
 
     def line_of(self, path: Sequence[str | int]) -> int | None:
         """The line of ``path`` or of its longest recorded prefix; None if nothing matches."""

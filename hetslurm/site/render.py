@@ -27,6 +27,8 @@ GRES_TYPES = ("gpu", "fpga")
 NVIDIA_MAJOR = 195  # /dev/nvidiaN character devices (Linux devices.txt)
 FPGA_MAJOR = 240  # first of the "local/experimental" majors; emulated FPGAs only
 
+EMULATED_MINOR_BASE = 128  # above any per-node index (at most 64 devices of a kind)
+
 FRAGMENT_FILES = ("hetslurm-globals.conf", "hetslurm-nodes.conf", "hetslurm-partitions.conf")
 
 
@@ -73,8 +75,9 @@ def device_files(site: Site, runtime: Runtime | None = None) -> list[DeviceFile]
     """Every device file of every node, in Slurm index order.
 
     With ``runtime.device_dir`` set, files are emulated: ``<dir>/<node>/nvidia<i>`` with
-    minor numbers deliberately *not* equal to the index (GPU i gets minor count-1-i), so
-    anything that maps Slurm indices to devices by position instead of by minor is caught.
+    minor numbers deliberately *not* equal to the index (GPU i of n gets minor
+    ``EMULATED_MINOR_BASE + n-1-i``: reversed, and never equal to any index), so anything
+    that maps Slurm indices to devices by position instead of by minor is caught.
     """
     out: list[DeviceFile] = []
     for node in site.nodes:
@@ -90,7 +93,7 @@ def device_files(site: Site, runtime: Runtime | None = None) -> list[DeviceFile]
                 for d in devices:
                     out.append(DeviceFile(node.name, kind, d.index,
                                           f"{runtime.device_dir}/{node.name}/{stem}{d.index}",
-                                          major, count - 1 - d.index))
+                                          major, EMULATED_MINOR_BASE + count - 1 - d.index))
             else:
                 if group.files:
                     paths = hostlist.expand_hostlist(group.files)
@@ -105,7 +108,8 @@ def site_digest(site: Site) -> str:
     """A short digest of what rendering depends on, written into every file's header."""
     h = hashlib.sha256()
     for node in site.nodes:
-        h.update(repr((node.name, node.spec, node.features, node.weight, node.leaf_switch)).encode())
+        h.update(repr((node.name, node.spec, node.features, node.weight,
+                       node.leaf_switch)).encode())
     for name in sorted(site.partitions):
         h.update(repr((name, site.partitions[name].spec, site.partitions[name].nodes)).encode())
     for name in sorted(site.switches):
@@ -197,15 +201,15 @@ def _node_lines(site: Site, runtime: Runtime | None) -> list[str]:
                          f"{_node_attrs(node)} State=UNKNOWN")
         return lines
     # Group consecutive nodes with identical attributes into one hostlist line.
-    group: list[NodeSpec] = []
-    for node in [*site.nodes, None]:
-        if group and (node is None or _node_attrs(node) != _node_attrs(group[0])):
-            names = hostlist.collect_hostlist([n.name for n in group])
-            lines.append(f"NodeName={names} {_node_attrs(group[0])} State=UNKNOWN")
-            group = []
-        if node is not None:
-            group.append(node)
-    return lines
+    groups: list[tuple[str, list[str]]] = []
+    for node in site.nodes:
+        attrs = _node_attrs(node)
+        if groups and groups[-1][0] == attrs:
+            groups[-1][1].append(node.name)
+        else:
+            groups.append((attrs, [node.name]))
+    return [f"NodeName={hostlist.collect_hostlist(names)} {attrs} State=UNKNOWN"
+            for attrs, names in groups]
 
 
 def _partition_lines(site: Site) -> list[str]:
@@ -341,8 +345,8 @@ def _whole_slurm_conf(site: Site, rt: Runtime) -> str:
     if rt.job_submit_lua:
         lines.append("JobSubmitPlugins=lua")
     lines += _global_lines(site, accounting=bool(rt.slurmdbd_host))
-    lines += ["", "# Nodes"] + _node_lines(site, rt)
-    lines += ["", "# Partitions"] + _partition_lines(site)
+    lines += ["", "# Nodes", *_node_lines(site, rt)]
+    lines += ["", "# Partitions", *_partition_lines(site)]
     return "\n".join(lines) + "\n"
 
 

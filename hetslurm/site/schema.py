@@ -21,7 +21,6 @@ from pydantic import (
     StrictBool,
     StrictFloat,
     StrictInt,
-    StrictStr,
 )
 
 SCHEMA_VERSION = 1
