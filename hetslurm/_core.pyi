@@ -3,6 +3,8 @@
 The kernels trust their inputs; use :mod:`hetslurm.placement.gpus`, which validates.
 """
 
+from typing import Any
+
 import numpy as np
 import numpy.typing as npt
 
@@ -37,3 +39,96 @@ def choose_gpus_batch(
     out: npt.NDArray[np.int32],
 ) -> None:
     """Choose ``n`` GPUs in each CSR node; fill ``scores[i]`` and, on a fit, ``out[i]``."""
+
+LAYOUT: dict[str, int]
+
+class PlacementCore:
+    """Cluster arrays, live state, free-capacity index; built by ClusterModel.new_core()."""
+
+    @property
+    def n_nodes(self) -> int: ...
+    @property
+    def n_gpu_models(self) -> int: ...
+    @property
+    def n_switches(self) -> int: ...
+    @property
+    def max_gpus(self) -> int: ...
+    @property
+    def max_numa(self) -> int: ...
+    def __init__(
+        self,
+        *,
+        cores_total: npt.NDArray[np.int32],
+        mem_total: npt.NDArray[np.int64],
+        gpu_model: npt.NDArray[np.int32],
+        gpu_offsets: npt.NDArray[np.int64],
+        gpu_island: npt.NDArray[np.int32],
+        gpu_numa: npt.NDArray[np.int32],
+        gpu_mem: npt.NDArray[np.int64],
+        fpga_model: npt.NDArray[np.int32],
+        fpga_offsets: npt.NDArray[np.int64],
+        numa_offsets: npt.NDArray[np.int64],
+        core_offsets: npt.NDArray[np.int64],
+        core_numa: npt.NDArray[np.int32],
+        leaf: npt.NDArray[np.int32],
+        switch_parent: npt.NDArray[np.int32],
+        switch_level: npt.NDArray[np.int32],
+        weight: npt.NDArray[np.int64],
+        gpu_dyn_w: npt.NDArray[np.int32],
+        fpga_dyn_w: npt.NDArray[np.int32],
+        n_gpu_models: int,
+        available: npt.NDArray[np.uint8],
+        gpu_free: npt.NDArray[np.uint8],
+        fpga_free: npt.NDArray[np.uint8],
+        core_free: npt.NDArray[np.uint8],
+        mem_free: npt.NDArray[np.int64],
+    ) -> None: ...
+    def place(
+        self,
+        req: npt.NDArray[np.int64],
+        mrank: npt.NDArray[np.int32],
+        frank: npt.NDArray[np.int32],
+        w: npt.NDArray[np.int64],
+        commit: bool,
+        nodes_out: npt.NDArray[np.int32],
+        gpus_out: npt.NDArray[np.int32],
+        fpgas_out: npt.NDArray[np.int32],
+        cores_out: npt.NDArray[np.int32],
+        terms_out: npt.NDArray[np.int64],
+        info: npt.NDArray[np.int64],
+    ) -> int:
+        """Place one request; return PL_PLACED (0) or why not; fill the outputs."""
+    def place_batch(
+        self,
+        reqs: npt.NDArray[np.int64],
+        mranks: npt.NDArray[np.int32],
+        franks: npt.NDArray[np.int32],
+        ws: npt.NDArray[np.int64],
+        node_off: npt.NDArray[np.int64],
+        gpu_off: npt.NDArray[np.int64],
+        fpga_off: npt.NDArray[np.int64],
+        core_off: npt.NDArray[np.int64],
+        nodes_out: npt.NDArray[np.int32],
+        gpus_out: npt.NDArray[np.int32],
+        fpgas_out: npt.NDArray[np.int32],
+        cores_out: npt.NDArray[np.int32],
+        terms_out: npt.NDArray[np.int64],
+        status: npt.NDArray[np.int8],
+        info: npt.NDArray[np.int64],
+    ) -> None:
+        """Place requests in order, each consuming what it gets."""
+    def evaluate(
+        self,
+        req: npt.NDArray[np.int64],
+        mrank: npt.NDArray[np.int32],
+        frank: npt.NDArray[np.int32],
+        w: npt.NDArray[np.int64],
+        status: npt.NDArray[np.int8],
+        terms: npt.NDArray[np.int64],
+        scores: npt.NDArray[np.int64],
+    ) -> None:
+        """Evaluate every node: status, terms and score."""
+    def state(self) -> dict[str, npt.NDArray[Any]]:
+        """Copies of the live state arrays."""
+    def index_buckets(self) -> dict[tuple[int, int], list[int]]:
+        """The free-capacity index (for tests)."""

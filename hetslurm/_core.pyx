@@ -37,7 +37,13 @@ node, exponential only in NUMA domains that cross islands.
 
 import numpy as np
 
-from libc.stdint cimport int32_t, int64_t, uint8_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
+
+
+cdef extern from *:
+    # GCC/Clang builtin: index of the lowest set bit (argument must be nonzero).
+    int __builtin_ctzll(unsigned long long) nogil
+from libc.stdlib cimport free, malloc, qsort
 
 NO_FIT = -1
 ISLAND_SHIFT = SCORE_ISLAND_SHIFT
@@ -402,3 +408,723 @@ def choose_gpus_batch(
             a = offsets[i]
             b = offsets[i + 1]
             scores[i] = chooser.choose(free[a:b], island[a:b], numa[a:b], n, out[i, :])
+
+
+# ==========================================================================================
+# Node-level placement
+# ==========================================================================================
+#
+# Which nodes, and which devices and cores on each. The policy is defined in
+# ``hetslurm.placement.reference`` (plain Python, the executable specification) and in
+# ``docs/placement.md``; this is the fast implementation. In short, for one request of k nodes
+# with the same per-node needs:
+#
+# 1. every candidate node is *evaluated*: feasibility (available, model allowed, enough free
+#    mem-qualified GPUs, FPGAs, cores, memory; NVLink/NUMA when required), the GPUs chosen by
+#    GpuChooser, FPGAs by lowest free index, cores from the chosen GPUs' NUMA domains first;
+#    it yields N_T integer terms and the node score sum(w[t] * terms[t]);
+# 2. the fitting nodes are sorted by (score, node index); the node set spans the fewest switch
+#    levels (lowest level L of a switch holding k fitting nodes), and among the switches of
+#    level L the one whose k best nodes have the lowest score sum wins; equal sums go to the
+#    set with the lexicographically smallest sorted node tuple;
+# 3. total = sum of the chosen nodes' scores + w[W_SWITCH] * L.
+#
+# Candidates come from a free-capacity index (bucket lists by GPU model and free GPU count), so
+# a GPU request touches only nodes of an allowed model with enough free GPUs; FPGA-only and
+# CPU-only requests walk every available node.
+
+LAYOUT = {
+    "R_GPUS": R_GPUS, "R_FPGAS": R_FPGAS, "R_CORES": R_CORES, "R_MEM": R_MEM,
+    "R_MIN_GPU_MEM": R_MIN_GPU_MEM, "R_NODES": R_NODES, "R_NVLINK": R_NVLINK,
+    "R_NUMA": R_NUMA, "R_SWITCH": R_SWITCH, "R_CPU_ONLY": R_CPU_ONLY, "N_REQ": N_REQ,
+    "W_SWITCH": W_SWITCH, "N_W": N_W,
+    "T_MODEL": T_MODEL, "T_ISLANDS": T_ISLANDS, "T_NUMA": T_NUMA, "T_LEFTOVER": T_LEFTOVER,
+    "T_LOAD": T_LOAD, "T_ENERGY": T_ENERGY, "T_WEIGHT": T_WEIGHT, "N_T": N_T,
+    "ST_FITS": ST_FITS, "ST_UNAVAILABLE": ST_UNAVAILABLE, "ST_CPU_ONLY": ST_CPU_ONLY,
+    "ST_GPU_MODEL": ST_GPU_MODEL, "ST_GPU_COUNT": ST_GPU_COUNT, "ST_GPU_MEM": ST_GPU_MEM,
+    "ST_GPU_FREE": ST_GPU_FREE, "ST_NVLINK": ST_NVLINK, "ST_FPGA_MODEL": ST_FPGA_MODEL,
+    "ST_FPGA_COUNT": ST_FPGA_COUNT, "ST_FPGA_FREE": ST_FPGA_FREE, "ST_CORES": ST_CORES,
+    "ST_NUMA": ST_NUMA, "ST_MEMORY": ST_MEMORY, "N_ST": N_ST,
+    "PL_PLACED": PL_PLACED, "PL_FEW_NODES": PL_FEW_NODES, "PL_SWITCH": PL_SWITCH,
+    "I_TOTAL": I_TOTAL, "I_LEVELS": I_LEVELS, "I_SWITCH": I_SWITCH, "I_TOUCHED": I_TOUCHED,
+    "I_FITTING": I_FITTING, "I_BEST_LEAF": I_BEST_LEAF, "I_NEXT_NODE": I_NEXT_NODE,
+    "I_NEXT_SCORE": I_NEXT_SCORE, "N_INFO": N_INFO,
+}
+
+
+cdef int _cmp_cand(const void* a, const void* b) noexcept nogil:
+    cdef const cand_t* x = <const cand_t*>a
+    cdef const cand_t* y = <const cand_t*>b
+    if x.score != y.score:
+        return -1 if x.score < y.score else 1
+    return (x.node > y.node) - (x.node < y.node)
+
+
+cdef int _cmp_i32(const void* a, const void* b) noexcept nogil:
+    cdef int32_t x = (<const int32_t*>a)[0]
+    cdef int32_t y = (<const int32_t*>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef inline int64_t _weigh(const int64_t* terms, const int64_t[::1] w) noexcept nogil:
+    cdef int64_t s = 0
+    cdef Py_ssize_t t
+    for t in range(N_T):
+        s += terms[t] * w[t]
+    return s
+
+
+cdef class PlacementCore:
+    """The cluster as arrays, its live state, the free-capacity index and scratch space.
+
+    Built by ``hetslurm.placement.model.ClusterModel.core()``, which validates every array
+    once; the kernels trust them. The static arrays are shared (read-only); the state arrays
+    are copied, so a core may be consumed by batch placement without touching its model.
+    Not thread-safe: one core per thread.
+
+    Static arrays (N nodes, G GPUs, F FPGAs, D NUMA domains, C cores, S switches, all
+    C-contiguous):
+
+    * cores_total (N,) int32 >= 1; mem_total (N,) int64 MiB; weight (N,) int64 >= 0;
+    * gpu_model (N,) int32, model id or -1; gpu_offsets (N+1,) int64 CSR into the per-GPU
+      arrays gpu_island (G,) int32, gpu_numa (G,) int32 (node-local domain), gpu_mem (G,)
+      int64 MiB (0 = unknown);
+    * fpga_model (N,) int32 or -1; fpga_offsets (N+1,) int64 CSR over F FPGAs;
+    * numa_offsets (N+1,) int64 CSR over D domains; core_offsets (N+1,) int64 CSR over C
+      cores; core_numa (C,) int32 node-local domain of each core;
+    * leaf (N,) int32 switch id; switch_parent (S,) int32 (-1 = root); switch_level (S,)
+      int32 (0 = leaf, parent > child);
+    * gpu_dyn_w, fpga_dyn_w (N,) int32: busy-minus-idle watts of one device of the node.
+
+    State arrays (copied): available (N,) uint8; gpu_free (G,), fpga_free (F,), core_free
+    (C,) uint8 (1 = free); mem_free (N,) int64 MiB.
+    """
+
+    def __cinit__(self, *args, **kwargs):
+        self.cands = NULL
+
+    def __dealloc__(self):
+        if self.cands != NULL:
+            free(self.cands)
+            self.cands = NULL
+
+    def __init__(
+        self,
+        *,
+        const int32_t[::1] cores_total,
+        const int64_t[::1] mem_total,
+        const int32_t[::1] gpu_model,
+        const int64_t[::1] gpu_offsets,
+        const int32_t[::1] gpu_island,
+        const int32_t[::1] gpu_numa,
+        const int64_t[::1] gpu_mem,
+        const int32_t[::1] fpga_model,
+        const int64_t[::1] fpga_offsets,
+        const int64_t[::1] numa_offsets,
+        const int64_t[::1] core_offsets,
+        const int32_t[::1] core_numa,
+        const int32_t[::1] leaf,
+        const int32_t[::1] switch_parent,
+        const int32_t[::1] switch_level,
+        const int64_t[::1] weight,
+        const int32_t[::1] gpu_dyn_w,
+        const int32_t[::1] fpga_dyn_w,
+        Py_ssize_t n_gpu_models,
+        available,
+        gpu_free,
+        fpga_free,
+        core_free,
+        mem_free,
+    ):
+        cdef Py_ssize_t n = cores_total.shape[0]
+        cdef Py_ssize_t i, j, c, nodes_alloc = n if n > 0 else 1
+        self.n_nodes = n
+        self.n_gpu_models = n_gpu_models
+        self.n_switches = switch_parent.shape[0]
+        self.cores_total = cores_total
+        self.mem_total = mem_total
+        self.gpu_model = gpu_model
+        self.gpu_offsets = gpu_offsets
+        self.gpu_island = gpu_island
+        self.gpu_numa = gpu_numa
+        self.gpu_mem = gpu_mem
+        self.fpga_model = fpga_model
+        self.fpga_offsets = fpga_offsets
+        self.numa_offsets = numa_offsets
+        self.core_offsets = core_offsets
+        self.core_numa = core_numa
+        self.leaf = leaf
+        self.switch_parent = switch_parent
+        self.switch_level = switch_level
+        self.weight = weight
+        self.gpu_dyn_w = gpu_dyn_w
+        self.fpga_dyn_w = fpga_dyn_w
+        self.available = np.array(available, dtype=np.uint8, copy=True)
+        self.gpu_free = np.array(gpu_free, dtype=np.uint8, copy=True)
+        self.fpga_free = np.array(fpga_free, dtype=np.uint8, copy=True)
+        self.core_free = np.array(core_free, dtype=np.uint8, copy=True)
+        self.mem_free = np.array(mem_free, dtype=np.int64, copy=True)
+
+        self.max_gpus = 0
+        self.max_numa = 1
+        for i in range(n):
+            if gpu_offsets[i + 1] - gpu_offsets[i] > self.max_gpus:
+                self.max_gpus = gpu_offsets[i + 1] - gpu_offsets[i]
+            if numa_offsets[i + 1] - numa_offsets[i] > self.max_numa:
+                self.max_numa = numa_offsets[i + 1] - numa_offsets[i]
+        self.gpu_free_count = np.zeros(nodes_alloc, dtype=np.int32)
+        self.fpga_free_count = np.zeros(nodes_alloc, dtype=np.int32)
+        self.numa_free = np.zeros(numa_offsets[n] + 1, dtype=np.int32)
+        for i in range(n):
+            for j in range(gpu_offsets[i], gpu_offsets[i + 1]):
+                self.gpu_free_count[i] += self.gpu_free[j]
+            for j in range(fpga_offsets[i], fpga_offsets[i + 1]):
+                self.fpga_free_count[i] += self.fpga_free[j]
+            for c in range(core_offsets[i], core_offsets[i + 1]):
+                self.numa_free[numa_offsets[i] + core_numa[c]] += self.core_free[c]
+
+        width = self.max_gpus + 1
+        rows = n_gpu_models + 1
+        self.row_min_weight = np.full(rows, -1, dtype=np.int64)
+        self.row_min_dyn = np.full(rows, -1, dtype=np.int64)
+        self.row_max_island = np.ones(rows, dtype=np.int64)
+        self.row_max_cores = np.ones(rows, dtype=np.int64)
+        for i in range(n):
+            r = gpu_model[i] + 1
+            if self.row_min_weight[r] < 0 or weight[i] < self.row_min_weight[r]:
+                self.row_min_weight[r] = weight[i]
+            if self.row_min_dyn[r] < 0 or gpu_dyn_w[i] < self.row_min_dyn[r]:
+                self.row_min_dyn[r] = gpu_dyn_w[i]
+            if cores_total[i] > self.row_max_cores[r]:
+                self.row_max_cores[r] = cores_total[i]
+            for j in range(gpu_offsets[i], gpu_offsets[i + 1]):
+                size = 0
+                for c in range(gpu_offsets[i], gpu_offsets[i + 1]):
+                    size += gpu_island[c] == gpu_island[j]
+                if size > self.row_max_island[r]:
+                    self.row_max_island[r] = size
+        self.b_order = np.zeros(rows * width, dtype=np.int32)
+        self.b_lb = np.zeros(rows * width, dtype=np.int64)
+        self.n_words = (n + 63) // 64 if n > 0 else 1
+        self.b_bits = np.zeros(rows * width * self.n_words, dtype=np.uint64)
+        self.b_count = np.zeros(rows * width, dtype=np.int32)
+        self.b_key = np.full(nodes_alloc, -1, dtype=np.int32)
+        for i in range(n):
+            if self.available[i]:
+                self._index_insert(i)
+
+        self.chooser = GpuChooser(self.max_gpus)
+        self.mask = np.zeros(self.max_gpus + 1, dtype=np.uint8)
+        self.gout = np.zeros(self.max_gpus + 1, dtype=np.int32)
+        self.dom_take = np.zeros(self.max_numa, dtype=np.int32)
+        self.dom_used = np.zeros(self.max_numa, dtype=np.uint8)
+        self.dom_seen = np.zeros(self.max_numa, dtype=np.int32)
+        self.tscr = np.zeros(N_T, dtype=np.int64)
+        s_alloc = self.n_switches if self.n_switches > 0 else 1
+        self.sw_count = np.zeros(s_alloc, dtype=np.int32)
+        self.sw_taken = np.zeros(s_alloc, dtype=np.int32)
+        self.sw_sum = np.zeros(s_alloc, dtype=np.int64)
+        self.sw_touched = np.zeros(s_alloc, dtype=np.int32)
+        self.cand_anc = np.zeros(nodes_alloc, dtype=np.int32)
+        self.chosen = np.zeros(nodes_alloc, dtype=np.int32)
+        self.mark = np.zeros(nodes_alloc, dtype=np.uint8)
+        self.cands = <cand_t*>malloc(nodes_alloc * sizeof(cand_t))
+        if self.cands == NULL:
+            raise MemoryError()
+
+    # ------------------------------------------------------------------ index
+    cdef void _index_insert(self, Py_ssize_t i) noexcept nogil:
+        cdef int32_t key = <int32_t>(
+            (self.gpu_model[i] + 1) * (self.max_gpus + 1) + self.gpu_free_count[i]
+        )
+        self.b_key[i] = key
+        self.b_bits[key * self.n_words + (i >> 6)] |= (<uint64_t>1) << (i & 63)
+        self.b_count[key] += 1
+
+    cdef void _index_remove(self, Py_ssize_t i) noexcept nogil:
+        cdef int32_t key = self.b_key[i]
+        if key < 0:
+            return
+        self.b_bits[key * self.n_words + (i >> 6)] &= ~((<uint64_t>1) << (i & 63))
+        self.b_count[key] -= 1
+        self.b_key[i] = -1
+
+    # ------------------------------------------------------------------ one node
+    cdef int _eval(
+        self, Py_ssize_t i, const int64_t[::1] req, const int32_t[::1] mrank,
+        const int32_t[::1] frank, int64_t* terms, bint write,
+        int32_t* gpus_out, int32_t* fpgas_out, int32_t* cores_out,
+    ) noexcept nogil:
+        """Evaluate node i for the request; fill terms (and, when write, the choices).
+
+        Returns ST_FITS or the first ST_* constraint that fails (terms then undefined).
+        """
+        cdef int64_t ng = req[R_GPUS], nf = req[R_FPGAS], nc = req[R_CORES]
+        cdef Py_ssize_t ga = self.gpu_offsets[i], gb = self.gpu_offsets[i + 1]
+        cdef Py_ssize_t fa = self.fpga_offsets[i], fb = self.fpga_offsets[i + 1]
+        cdef Py_ssize_t da = self.numa_offsets[i], nd = self.numa_offsets[i + 1] - da
+        cdef Py_ssize_t ca = self.core_offsets[i], cb = self.core_offsets[i + 1]
+        cdef Py_ssize_t j, d, t, bf, lg, qual = 0, freeq = 0, span = 0
+        cdef int64_t rem, f, free_cores = 0, islands = 0
+        cdef int32_t gm = self.gpu_model[i], fm = self.fpga_model[i]
+        cdef score_t packed
+        cdef uint8_t ok
+        if not self.available[i]:
+            return ST_UNAVAILABLE
+        if req[R_CPU_ONLY] and (gb > ga or fb > fa):
+            return ST_CPU_ONLY
+        if ng > 0:
+            if gm < 0 or mrank[gm] < 0:
+                return ST_GPU_MODEL
+            if gb - ga < ng:
+                return ST_GPU_COUNT
+            for j in range(ga, gb):
+                ok = self.gpu_mem[j] >= req[R_MIN_GPU_MEM]
+                qual += ok
+                ok = ok and self.gpu_free[j]
+                self.mask[j - ga] = ok
+                freeq += ok
+            if qual < ng:
+                return ST_GPU_MEM
+            if freeq < ng:
+                return ST_GPU_FREE
+            packed = self.chooser.choose(
+                self.mask[:gb - ga], self.gpu_island[ga:gb], self.gpu_numa[ga:gb], ng, self.gout
+            )
+            islands = packed >> SCORE_ISLAND_SHIFT
+            if req[R_NVLINK] and islands > 1:
+                return ST_NVLINK
+        if nf > 0:
+            if fm < 0 or frank[fm] < 0:
+                return ST_FPGA_MODEL
+            if fb - fa < nf:
+                return ST_FPGA_COUNT
+            if self.fpga_free_count[i] < nf:
+                return ST_FPGA_FREE
+        for d in range(nd):
+            free_cores += self.numa_free[da + d]
+            self.dom_take[d] = 0
+            self.dom_used[d] = 0
+        if free_cores < nc:
+            return ST_CORES
+        # Cores come from the chosen GPUs' NUMA domains first (host-device traffic stays on
+        # the socket), then greedily: a domain that holds the rest alone (the fullest-used
+        # one, best fit), else the domain with the most free cores (fewest domains).
+        for t in range(ng):
+            self.dom_used[self.gpu_numa[ga + self.gout[t]]] = 1
+        rem = nc
+        for d in range(nd):
+            if self.dom_used[d] and rem > 0:
+                f = self.numa_free[da + d]
+                if f > rem:
+                    f = rem
+                self.dom_take[d] = <int32_t>f
+                rem -= f
+        while rem > 0:
+            bf = -1
+            lg = -1
+            for d in range(nd):
+                f = self.numa_free[da + d]
+                if self.dom_used[d] or f <= 0:
+                    continue
+                if f >= rem and (bf < 0 or f < self.numa_free[da + bf]):
+                    bf = d
+                if lg < 0 or f > self.numa_free[da + lg]:
+                    lg = d
+            if bf >= 0:
+                self.dom_take[bf] = <int32_t>rem
+                self.dom_used[bf] = 1
+                rem = 0
+            elif lg >= 0:
+                self.dom_take[lg] = self.numa_free[da + lg]
+                self.dom_used[lg] = 1
+                rem -= self.numa_free[da + lg]
+            else:
+                return ST_CORES
+        for d in range(nd):
+            span += self.dom_used[d]
+        if req[R_NUMA] and span > 1:
+            return ST_NUMA
+        if self.mem_free[i] < req[R_MEM]:
+            return ST_MEMORY
+
+        terms[T_MODEL] = (mrank[gm] if ng > 0 else 0) + (frank[fm] if nf > 0 else 0)
+        terms[T_ISLANDS] = islands - 1 if islands > 0 else 0
+        terms[T_NUMA] = span - 1 if span > 0 else 0
+        terms[T_LEFTOVER] = self.gpu_free_count[i] - ng + self.fpga_free_count[i] - nf
+        terms[T_LOAD] = (self.cores_total[i] - free_cores + nc) * 1000 // self.cores_total[i]
+        terms[T_ENERGY] = ng * self.gpu_dyn_w[i] + nf * self.fpga_dyn_w[i]
+        terms[T_WEIGHT] = self.weight[i]
+        if not write:
+            return ST_FITS
+        for t in range(ng):
+            gpus_out[t] = self.gout[t]
+        t = 0
+        for j in range(fa, fb):
+            if t == nf:
+                break
+            if self.fpga_free[j]:
+                fpgas_out[t] = <int32_t>(j - fa)
+                t += 1
+        for d in range(nd):
+            self.dom_seen[d] = 0
+        t = 0
+        for j in range(ca, cb):
+            if self.core_free[j]:
+                d = self.core_numa[j]
+                if self.dom_seen[d] < self.dom_take[d]:
+                    cores_out[t] = <int32_t>(j - ca)
+                    self.dom_seen[d] += 1
+                    t += 1
+        return ST_FITS
+
+    cdef void _commit(
+        self, Py_ssize_t i, const int64_t[::1] req, const int32_t* gpus, const int32_t* fpgas,
+        const int32_t* cores,
+    ) noexcept nogil:
+        """Take node i's chosen devices, cores and memory out of the free state and index."""
+        cdef Py_ssize_t t, c
+        cdef Py_ssize_t ga = self.gpu_offsets[i], fa = self.fpga_offsets[i]
+        cdef Py_ssize_t ca = self.core_offsets[i], da = self.numa_offsets[i]
+        self._index_remove(i)
+        for t in range(req[R_GPUS]):
+            self.gpu_free[ga + gpus[t]] = 0
+        self.gpu_free_count[i] -= <int32_t>req[R_GPUS]
+        for t in range(req[R_FPGAS]):
+            self.fpga_free[fa + fpgas[t]] = 0
+        self.fpga_free_count[i] -= <int32_t>req[R_FPGAS]
+        for t in range(req[R_CORES]):
+            c = ca + cores[t]
+            self.core_free[c] = 0
+            self.numa_free[da + self.core_numa[c]] -= 1
+        self.mem_free[i] -= req[R_MEM]
+        self._index_insert(i)
+
+    # ------------------------------------------------------------------ one request
+    cdef bint _set_before(self, Py_ssize_t a, Py_ssize_t b, Py_ssize_t n_c, int64_t k) noexcept nogil:
+        """Whether switch a's k best nodes sort before switch b's as ascending node tuples.
+
+        Both sets have k members, so the smaller tuple is the one holding the smallest node
+        of the symmetric difference.
+        """
+        cdef Py_ssize_t x, ta = 0, tb = 0
+        cdef int32_t node, best = -1
+        cdef bint in_a = False
+        for x in range(n_c):
+            node = self.cands[x].node
+            if self.cand_anc[x] == a and ta < k:
+                self.mark[node] |= 1
+                ta += 1
+            elif self.cand_anc[x] == b and tb < k:
+                self.mark[node] |= 2
+                tb += 1
+        for x in range(n_c):
+            node = self.cands[x].node
+            if (self.mark[node] == 1 or self.mark[node] == 2) and (best < 0 or node < best):
+                best = node
+                in_a = self.mark[node] == 1
+        for x in range(n_c):
+            self.mark[self.cands[x].node] = 0
+        return in_a
+
+    cdef int _place(
+        self, const int64_t[::1] req, const int32_t[::1] mrank, const int32_t[::1] frank,
+        const int64_t[::1] w, bint commit, int32_t* nodes_out, int32_t* gpus_out,
+        int32_t* fpgas_out, int32_t* cores_out, int64_t* terms_out, int64_t* info,
+    ) noexcept nogil:
+        cdef int64_t k = req[R_NODES], ng = req[R_GPUS], nf = req[R_FPGAS], nc = req[R_CORES]
+        cdef Py_ssize_t width = self.max_gpus + 1, row, c, c0, x, y, r, n_c = 0, nt = 0, nb
+        cdef Py_ssize_t touched = 0
+        cdef int32_t i, s, best = -1, level = -1, best_leaf = 0, best_node = -1
+        cdef int64_t total = 0, taken, lb, score, best_score = 0
+        cdef Py_ssize_t base, word
+        cdef uint64_t bits
+        cdef bint stop
+        cdef int status = PL_PLACED
+        for x in range(N_INFO):
+            info[x] = -1
+        # Buckets to visit, with a lower bound on the score of any node in them: the model
+        # rank of the row, leftover >= free GPUs - ng, the row's smallest weight and device
+        # watts; islands, NUMA and load terms are >= 0.
+        nb = 0
+        for row in range(self.n_gpu_models + 1):
+            if ng > 0 and (row == 0 or mrank[row - 1] < 0):
+                continue
+            if self.row_min_weight[row] < 0:
+                continue
+            c0 = ng if ng > 0 else 0
+            for c in range(c0, width):
+                if self.b_count[row * width + c] == 0:
+                    continue
+                lb = (
+                    (w[T_MODEL] * mrank[row - 1] if ng > 0 else 0)
+                    + w[T_LEFTOVER] * (c - ng)
+                    + w[T_WEIGHT] * self.row_min_weight[row]
+                    + w[T_ENERGY] * ng * self.row_min_dyn[row]
+                    + w[T_LOAD] * (nc * 1000 // self.row_max_cores[row])
+                )
+                if ng > 0:
+                    # Islands spanned >= ng / (largest island of the row), rounded up.
+                    lb += w[T_ISLANDS] * (
+                        (ng + self.row_max_island[row] - 1) // self.row_max_island[row] - 1
+                    )
+                # Insertion sort by bound: at most (models + 1) x (max GPUs + 1) buckets.
+                y = nb
+                while y > 0 and self.b_lb[y - 1] > lb:
+                    self.b_lb[y] = self.b_lb[y - 1]
+                    self.b_order[y] = self.b_order[y - 1]
+                    y -= 1
+                self.b_lb[y] = lb
+                self.b_order[y] = <int32_t>(row * width + c)
+                nb += 1
+        # A single node is the best (score, index) pair, so once the best found is below a
+        # bucket's bound, or equal to it with a lower index than the rest of the (ascending)
+        # bucket, nothing left can win. Multi-node requests need every fitting node's switch
+        # path, so they visit every bucket.
+        stop = False
+        for y in range(nb):
+            lb = self.b_lb[y]
+            if k == 1 and best_node >= 0 and lb > best_score:
+                break
+            base = self.b_order[y] * self.n_words
+            for word in range(self.n_words):
+                bits = self.b_bits[base + word]
+                while bits != 0:
+                    i = <int32_t>(word * 64 + __builtin_ctzll(bits))
+                    bits &= bits - 1
+                    if k == 1 and best_node >= 0 and lb == best_score and i > best_node:
+                        # Ascending bitset: the rest of this bucket can at best tie, later.
+                        stop = True
+                        break
+                    touched += 1
+                    if self._eval(
+                        i, req, mrank, frank, &self.tscr[0], False, NULL, NULL, NULL
+                    ) == ST_FITS:
+                        score = _weigh(&self.tscr[0], w)
+                        self.cands[n_c].score = score
+                        self.cands[n_c].node = i
+                        n_c += 1
+                        if best_node < 0 or score < best_score or (
+                            score == best_score and i < best_node
+                        ):
+                            best_score = score
+                            best_node = i
+                if stop:
+                    stop = False
+                    break
+        info[I_TOUCHED] = touched
+        info[I_FITTING] = n_c
+        qsort(self.cands, n_c, sizeof(cand_t), _cmp_cand)
+
+        for x in range(n_c):
+            s = self.leaf[self.cands[x].node]
+            while s >= 0:
+                if self.sw_count[s] == 0:
+                    self.sw_touched[nt] = s
+                    nt += 1
+                self.sw_count[s] += 1
+                s = self.switch_parent[s]
+        for y in range(nt):
+            s = self.sw_touched[y]
+            if self.switch_level[s] == 0 and self.sw_count[s] > best_leaf:
+                best_leaf = self.sw_count[s]
+            if self.sw_count[s] >= k and (level < 0 or self.switch_level[s] < level):
+                level = self.switch_level[s]
+        info[I_BEST_LEAF] = best_leaf
+        if n_c < k or level < 0:
+            status = PL_FEW_NODES
+        elif req[R_SWITCH] and level > 0:
+            status = PL_SWITCH
+        else:
+            for x in range(n_c):
+                s = self.leaf[self.cands[x].node]
+                while s >= 0 and self.switch_level[s] < level:
+                    s = self.switch_parent[s]
+                if s >= 0 and self.switch_level[s] != level:
+                    # This path skips level L (an unbalanced tree): no level-L switch holds it.
+                    s = -1
+                self.cand_anc[x] = s
+                if s >= 0 and self.sw_taken[s] < k:
+                    self.sw_taken[s] += 1
+                    self.sw_sum[s] += self.cands[x].score
+            for y in range(nt):
+                s = self.sw_touched[y]
+                if self.switch_level[s] != level or self.sw_taken[s] != k:
+                    continue
+                if (
+                    best < 0
+                    or self.sw_sum[s] < self.sw_sum[best]
+                    or (self.sw_sum[s] == self.sw_sum[best] and self._set_before(s, best, n_c, k))
+                ):
+                    best = s
+            taken = 0
+            for x in range(n_c):
+                if self.cand_anc[x] == best and taken < k:
+                    self.chosen[taken] = self.cands[x].node
+                    taken += 1
+                elif info[I_NEXT_NODE] < 0:
+                    info[I_NEXT_NODE] = self.cands[x].node
+                    info[I_NEXT_SCORE] = self.cands[x].score
+            qsort(&self.chosen[0], k, sizeof(int32_t), _cmp_i32)
+            for r in range(k):
+                i = self.chosen[r]
+                nodes_out[r] = i
+                self._eval(
+                    i, req, mrank, frank, terms_out + r * N_T, True,
+                    gpus_out + r * ng, fpgas_out + r * nf, cores_out + r * nc,
+                )
+                total += _weigh(terms_out + r * N_T, w)
+            info[I_TOTAL] = total + w[W_SWITCH] * level
+            info[I_LEVELS] = level
+            info[I_SWITCH] = best
+            if commit:
+                # After every node is evaluated: committing changes only the node committed,
+                # but the evaluations above share scratch space with nothing else.
+                for r in range(k):
+                    self._commit(
+                        self.chosen[r], req, gpus_out + r * ng, fpgas_out + r * nf,
+                        cores_out + r * nc,
+                    )
+        for y in range(nt):
+            s = self.sw_touched[y]
+            self.sw_count[s] = 0
+            self.sw_taken[s] = 0
+            self.sw_sum[s] = 0
+        return status
+
+    # ------------------------------------------------------------------ Python entry points
+    def place(
+        self,
+        const int64_t[::1] req,
+        const int32_t[::1] mrank,
+        const int32_t[::1] frank,
+        const int64_t[::1] w,
+        bint commit,
+        int32_t[::1] nodes_out,
+        int32_t[::1] gpus_out,
+        int32_t[::1] fpgas_out,
+        int32_t[::1] cores_out,
+        int64_t[::1] terms_out,
+        int64_t[::1] info,
+    ):
+        """Place one request; trusts its inputs (``hetslurm.placement.place`` validates).
+
+        Args:
+            req: shape (N_REQ,), int64; fields R_*.
+            mrank: shape (n_gpu_models,), int32; rank of each GPU model in the request, -1 =
+                not allowed.
+            frank: shape (n_fpga_models,), int32; same for FPGA models.
+            w: shape (N_W,), int64 >= 0; weights of the T_* terms, then W_SWITCH.
+            commit: consume the chosen resources (state and index) when placed.
+            nodes_out: shape (>= max(k, 1),), int32; chosen node indices, ascending.
+            gpus_out, fpgas_out, cores_out: shape (>= max(k * per_node, 1),), int32; node r's
+                node-local indices at [r * per_node, (r + 1) * per_node), ascending.
+            terms_out: shape (>= k * N_T,), int64; node r's terms at [r * N_T, ...).
+            info: shape (N_INFO,), int64; fields I_* (-1 where undefined).
+
+        Returns:
+            int: PL_PLACED, PL_FEW_NODES or PL_SWITCH. Outputs other than info are written
+            only when placed.
+        """
+        cdef int status
+        with nogil:
+            status = self._place(
+                req, mrank, frank, w, commit, &nodes_out[0], &gpus_out[0], &fpgas_out[0],
+                &cores_out[0], &terms_out[0], &info[0],
+            )
+        return status
+
+    def place_batch(
+        self,
+        const int64_t[:, ::1] reqs,
+        const int32_t[:, ::1] mranks,
+        const int32_t[:, ::1] franks,
+        const int64_t[:, ::1] ws,
+        const int64_t[::1] node_off,
+        const int64_t[::1] gpu_off,
+        const int64_t[::1] fpga_off,
+        const int64_t[::1] core_off,
+        int32_t[::1] nodes_out,
+        int32_t[::1] gpus_out,
+        int32_t[::1] fpgas_out,
+        int32_t[::1] cores_out,
+        int64_t[::1] terms_out,
+        int8_t[::1] status,
+        int64_t[:, ::1] info,
+    ):
+        """Place R requests in order, each consuming what it gets, in one GIL-free loop.
+
+        Args:
+            reqs: shape (R, N_REQ), int64. mranks: (R, n_gpu_models) int32. franks:
+                (R, n_fpga_models) int32. ws: (R, N_W) int64.
+            node_off: shape (R + 1,), int64; request r writes nodes_out[node_off[r]:...]
+                (k_r entries) and terms_out[node_off[r] * N_T:...].
+            gpu_off, fpga_off, core_off: shape (R + 1,), int64; flat offsets of request r's
+                device and core indices (k_r * per-node count entries).
+            nodes_out, gpus_out, fpgas_out, cores_out: int32, at least one entry each.
+            terms_out: int64, shape (>= node_off[R] * N_T,), at least one entry.
+            status: shape (R,), int8; receives PL_* per request.
+            info: shape (R, N_INFO), int64; receives I_* per request.
+        """
+        cdef Py_ssize_t r, n_req = reqs.shape[0]
+        with nogil:
+            for r in range(n_req):
+                status[r] = <int8_t>self._place(
+                    reqs[r], mranks[r], franks[r], ws[r], True,
+                    &nodes_out[0] + node_off[r], &gpus_out[0] + gpu_off[r],
+                    &fpgas_out[0] + fpga_off[r], &cores_out[0] + core_off[r],
+                    &terms_out[0] + node_off[r] * N_T, &info[r, 0],
+                )
+
+    def evaluate(
+        self,
+        const int64_t[::1] req,
+        const int32_t[::1] mrank,
+        const int32_t[::1] frank,
+        const int64_t[::1] w,
+        int8_t[::1] status,
+        int64_t[::1] terms,
+        int64_t[::1] scores,
+    ):
+        """Evaluate every node (index bypassed): for explanations and tests.
+
+        Args:
+            req, mrank, frank, w: as for ``place``.
+            status: shape (N,), int8; ST_* per node.
+            terms: shape (>= N * N_T,), int64, at least one entry; node i's terms at
+                [i * N_T, ...), valid where status is ST_FITS.
+            scores: shape (N,), int64; node score where it fits, -1 elsewhere.
+        """
+        cdef Py_ssize_t i
+        cdef int st
+        with nogil:
+            for i in range(self.n_nodes):
+                st = self._eval(
+                    i, req, mrank, frank, &terms[0] + i * N_T, False, NULL, NULL, NULL
+                )
+                status[i] = <int8_t>st
+                scores[i] = _weigh(&terms[0] + i * N_T, w) if st == ST_FITS else -1
+
+    def state(self):
+        """Copies of the live state arrays: dict of name to numpy array."""
+        return {
+            "available": np.array(self.available, dtype=np.uint8),
+            "gpu_free": np.array(self.gpu_free, dtype=np.uint8),
+            "fpga_free": np.array(self.fpga_free, dtype=np.uint8),
+            "core_free": np.array(self.core_free, dtype=np.uint8),
+            "mem_free": np.array(self.mem_free, dtype=np.int64),
+        }
+
+    def index_buckets(self):
+        """The free-capacity index as {(gpu model id, free GPUs): [nodes]} (for tests)."""
+        out = {}
+        width = self.max_gpus + 1
+        for key in range(self.b_count.shape[0]):
+            members = [
+                i for i in range(self.n_nodes)
+                if (int(self.b_bits[key * self.n_words + (i >> 6)]) >> (i & 63)) & 1
+            ]
+            assert len(members) == self.b_count[key]
+            if members:
+                out[(key // width - 1, key % width)] = members
+        return out

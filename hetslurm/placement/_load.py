@@ -7,12 +7,15 @@ one line saying how to build it.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from hetslurm.errors import CoreNotBuiltError
+
+if TYPE_CHECKING:
+    from hetslurm._core import PlacementCore
 
 BUILD_HINT = (
     "the compiled placement core hetslurm._core is not built; run `pip install .` "
@@ -27,6 +30,9 @@ class CoreModule(Protocol):
     ISLAND_SHIFT: int
     LEFTOVER_SHIFT: int
     TERM_BITS: int
+    LAYOUT: dict[str, int]
+    # The node-level kernels (class); see hetslurm/_core.pyi for its signature.
+    PlacementCore: type[PlacementCore]
 
     def choose_gpus(
         self,
