@@ -91,3 +91,19 @@ class TestbedError(HetslurmError):
     exit_code = 6
 
     __test__ = False  # not a pytest test class despite the name
+
+
+class MetricsError(HetslurmError):
+    """GPU metrics could not be collected, stored, read or audited (NVML missing, a store
+    that cannot be written, accounting input that cannot be used)."""
+
+
+class RolloutError(HetslurmError):
+    """``site apply`` or ``site rollback`` failed; ``rolled_back`` says whether the previous
+    configuration was restored (and the cluster found healthy on it)."""
+
+    exit_code = 7
+
+    def __init__(self, message: str, *, rolled_back: bool = False) -> None:
+        self.rolled_back = rolled_back
+        super().__init__(message)

@@ -50,7 +50,8 @@ def cli(ctx: click.Context, verbose: bool) -> None:
       hetslurm status                                GPUs/FPGAs/cores by model and state
 
     Exit codes: 0 ok, 1 other error, 2 bad configuration or usage, 3 compiled core missing,
-    4 Slurm backend failure, 5 placement error, 6 testbed failure.
+    4 Slurm backend failure, 5 placement error, 6 testbed failure, 7 rollout failed
+    (site apply/rollback; the message says whether it was rolled back).
     """
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose
@@ -60,11 +61,18 @@ def _register() -> None:
     # Each group lives in its own module; their heavy imports happen inside the commands,
     # so `hetslurm --help` stays fast and a missing optional dependency breaks only its
     # own command.
-    from hetslurm.cli import bench_cmd, site_cmd, status_cmd, testbed_cmd
+    from hetslurm.cli import bench_cmd, explain_cmd, hook_cmd, site_cmd, status_cmd, testbed_cmd
 
     cli.add_command(site_cmd.site)
-    for mod in (testbed_cmd, status_cmd, bench_cmd):
+    for mod in (testbed_cmd, status_cmd, bench_cmd, hook_cmd, explain_cmd):
         mod.register(cli)
+    from hetslurm.cli import audit_cmd, collect_cmd, exporter_cmd
+
+    for metrics_mod in (collect_cmd, audit_cmd, exporter_cmd):
+        metrics_mod.register(cli)
+    from hetslurm.cli import place_cmd
+
+    place_cmd.register(cli)
 
 
 _register()

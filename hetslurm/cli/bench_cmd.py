@@ -32,5 +32,121 @@ def bench_testbed_cmd(site_file: str | None, jobs: int, output_format: str) -> N
          title="testbed benchmark", document=res)
 
 
+@bench.command("audit")
+@click.option("--jobs", "n_jobs", type=click.IntRange(1), default=1_000_000, show_default=True,
+              help="Synthetic jobs (sacct --json form).")
+@click.option("--samples", type=click.IntRange(1), default=10_000_000, show_default=True,
+              help="Synthetic GPU samples (60 s interval).")
+@click.option("--nodes", type=click.IntRange(2), default=1000, show_default=True,
+              help="Synthetic 8-GPU nodes (half H100, half A100).")
+@click.option("--real-jobs", type=click.IntRange(0), default=0, show_default=True,
+              help="Also run this many 1-GPU jobs on the testbed ($SLURM_CONF) and compare "
+                   "the audit with the per-job way (sacct -j and a store read per job).")
+@click.option("--site", "site_file", type=click.Path(dir_okay=False), default=None,
+              help="Site of the testbed for --real-jobs [default: site-configs/demo.toml].")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="Where the synthetic data set is written (and removed) [default: $TMPDIR].")
+@format_option
+def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
+                    site_file: str | None, workdir: str | None, output_format: str) -> None:
+    """Time the audit on a synthetic month and, optionally, against the per-job way.
+
+    Reports jobs, samples, seconds and peak_rss_mb of 'hetslurm audit' run in a child
+    process (targets: 60 s, 4 GB), and with --real-jobs speedup_vs_per_job.
+    """
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from hetslurm.audit.bench import bench_real, bench_synthetic
+
+    def log(msg: str) -> None:
+        click.echo(f"bench audit: {msg}", err=True)
+
+    res = bench_synthetic(n_jobs, samples, nodes, workdir, log)
+    res["speedup_vs_per_job"] = None
+    if real_jobs:
+        from hetslurm.site import load_site
+        from hetslurm.testbed import default_site
+
+        with tempfile.TemporaryDirectory(prefix="hetslurm-bench-real-") as tmp:
+            real = bench_real(dict(os.environ), load_site(site_file or default_site()),
+                              real_jobs, Path(tmp), log)
+        res.update(real)
+    emit([{"metric": k, "value": v} for k, v in res.items()], output_format,
+         title="audit benchmark", document=res)
+
+
+@bench.command("hook")
+@click.option("--site", "site_file", type=click.Path(dir_okay=False), default=None,
+              help="Site file [default: site-configs/demo.toml].")
+@click.option("--calls", type=click.IntRange(100, 10_000_000), default=20_000, show_default=True,
+              help="In-process calls for the typical p50/p99.")
+@click.option("--no-testbed", is_flag=True, help="Only the in-process figures (no root needed).")
+@click.option("--depths", default="0,1000,5000", show_default=True,
+              help="Queue depths (held jobs) for the controller figures.")
+@click.option("--jobs", type=click.IntRange(10, 10_000), default=100, show_default=True,
+              help="Submissions per measurement round.")
+@click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
+              help="Rounds per depth, alternating with and without the hook.")
+@format_option
+def bench_hook_cmd(site_file: str | None, calls: int, no_testbed: bool, depths: str, jobs: int,
+                   rounds: int, output_format: str) -> None:
+    """Time the job_submit hook: per call in-process (typical p50/p99, adversarial worst) and
+    slurmctld's mean submit time from sdiag with and without it at several queue depths, on
+    a fresh testbed in a temporary folder (needs root).
+    """
+    from hetslurm.hook.bench import bench_hook
+    from hetslurm.testbed.cluster import default_site
+
+    try:
+        depth_list = tuple(int(d) for d in depths.split(",") if d.strip())
+    except ValueError as e:
+        raise click.BadParameter(f"--depths: {e}") from e
+    res = bench_hook(site_file or default_site(), calls=calls, testbed=not no_testbed,
+                     depths=depth_list, jobs_per_round=jobs, rounds=rounds,
+                     log=lambda m: click.echo(m, err=True))
+    rows = [{"metric": k, "value": v} for k, v in res.items() if k not in ("depths",
+                                                                        "adversarial_ms")]
+    rows += [{"metric": f"depth {d['pending']}", "value":
+              f"with {d['with_hook_us']} us, without {d['without_hook_us']} us, "
+              f"ratio {d['ratio']}"} for d in res["depths"]]
+    emit(rows, output_format, title="hook benchmark", document=res)
+
+
+@bench.command("placement")
+@click.option("--sizes", default="1000,10000", show_default=True,
+              help="Synthetic cluster sizes (nodes), comma-separated.")
+@click.option("--no-alibaba", is_flag=True,
+              help="Skip the Alibaba node inventory ($HETSLURM_TRACES).")
+@click.option("--calls", type=click.IntRange(100, 1_000_000), default=5000, show_default=True,
+              help="place() calls per cluster for p50/p99.")
+@click.option("--reference-calls", type=click.IntRange(1, 10_000), default=20,
+              show_default=True, help="Calls of the plain-Python implementation (slow).")
+@click.option("--batch", "batch_jobs", type=click.IntRange(1, 1_000_000), default=10_000,
+              show_default=True, help="Requests in the batch (place_batch) measurement.")
+@format_option
+def bench_placement_cmd(sizes: str, no_alibaba: bool, calls: int, reference_calls: int,
+                        batch_jobs: int, output_format: str) -> None:
+    """Time the placement core: p50/p99 of place() from Python and of the plain-Python
+    implementation, a batch, peak memory; on synthetic half-loaded clusters and the real
+    Alibaba node inventory (docs/placement.md, "Benchmark"). Each cluster runs in its own
+    process. Reports figures; asserts nothing.
+    """
+    from hetslurm.placement.bench import bench_placement
+
+    try:
+        size_list = tuple(int(s) for s in sizes.split(",") if s.strip())
+    except ValueError as e:
+        raise click.BadParameter(f"--sizes: {e}") from e
+    res = bench_placement(size_list, alibaba=not no_alibaba, calls=calls,
+                          reference_calls=reference_calls, batch_jobs=batch_jobs,
+                          log=lambda m: click.echo(f"bench placement: {m}", err=True))
+    cols = ("name", "nodes", "p50_us", "p99_us", "kernel_p50_us", "reference_p50_us",
+            "speedup", "batch_jobs", "batch_s", "peak_rss_mb")
+    emit([{c: r.get(c) for c in cols} for r in res["results"]], output_format,
+         title="placement benchmark", document=res)
+
+
 def register(cli: click.Group) -> None:
     cli.add_command(bench)

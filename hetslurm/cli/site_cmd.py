@@ -1,9 +1,12 @@
-"""``hetslurm site``: check a site file and render Slurm's configuration from it."""
+"""``hetslurm site``: check a site file, render Slurm's configuration from it, and roll it
+out to a live cluster (diff, apply, rollback)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -79,3 +82,141 @@ def render_cmd(site_file: str, out_dir: str, whole: bool) -> None:
         click.echo(f"add to slurm.conf: Include lines for {incl}; copy gres.conf and "
                    "topology.conf beside it", err=True)
     sys.stdout.flush()
+
+
+# ---------------------------------------------------------------- rollout (docs/levers.md)
+def _target_options(func: Any) -> Any:
+    opts = [
+        click.option("--testbed", "testbed_dir", type=click.Path(file_okay=False),
+                     help="Target the hetslurm testbed in this folder (its whole slurm.conf, "
+                          "its daemons)."),
+        click.option("--conf-dir", type=click.Path(file_okay=False),
+                     help="Folder of the live files (default: the folder of $SLURM_CONF, "
+                          "else /etc/slurm)."),
+        click.option("--whole", is_flag=True,
+                     help="The live slurm.conf is one whole rendered file, not fragments."),
+        click.option("--backup-dir", type=click.Path(file_okay=False),
+                     help="Where backups go (default: <conf-dir>/hetslurm-backups)."),
+        click.option("--restart-cmd", "restart_cmds", multiple=True, metavar="CMD",
+                     help="Command that restarts daemons when a change needs it (repeatable; "
+                          "default: systemctl restart slurmctld, then slurmd). Not a shell: "
+                          "split like a command line."),
+    ]
+    for opt in reversed(opts):
+        func = opt(func)
+    return func
+
+
+def _target(site_path: str | None, testbed_dir: str | None, conf_dir: str | None,
+            whole: bool, backup_dir: str | None, restart_cmds: tuple[str, ...]) -> Any:
+    """(site or None, Target) for the options above."""
+    from hetslurm.levers import SystemdDaemons, Target
+
+    s = load_site(site_path) if site_path else None
+    if testbed_dir:
+        from hetslurm.testbed import Testbed
+        from hetslurm.testbed.target import rollout_target
+
+        tb = Testbed(testbed_dir)
+        if s is None:
+            st = tb.load_state()
+            s = load_site(st.site) if st else None
+            if s is None:
+                raise click.ClickException(f"no testbed in {testbed_dir}")
+        return s, rollout_target(tb, s)
+    env = dict(os.environ)
+    folder = Path(conf_dir) if conf_dir else (
+        Path(env["SLURM_CONF"]).parent if env.get("SLURM_CONF") else Path("/etc/slurm"))
+    daemons = (SystemdDaemons(env, restart_cmds) if restart_cmds else SystemdDaemons(env))
+    return s, Target(conf_dir=folder, daemons=daemons, whole=whole, env=env,
+                     backup_dir=Path(backup_dir) if backup_dir else None)
+
+
+def _change_rows(changes: Any) -> list[dict[str, Any]]:
+    return [c.to_dict() for c in changes]
+
+
+@site.command("diff")
+@SITE_ARG
+@_target_options
+@click.option("--exit-code", is_flag=True, help="Exit 1 when there is a change.")
+@format_option
+def diff_cmd(site_file: str, testbed_dir: str | None, conf_dir: str | None, whole: bool,
+             backup_dir: str | None, restart_cmds: tuple[str, ...], exit_code: bool,
+             output_format: str) -> None:
+    """Compare what SITE renders with the live cluster's files and QOS records.
+
+    Each change names the file and item (a node, a partition, a global key, a gres.conf
+    node block, a switch, a QOS) and what applying it needs: `reconfigure`
+    (scontrol reconfigure), `restart` (slurmctld and every slurmd) or `sacctmgr`.
+    """
+    from hetslurm.levers import diff
+
+    s, target = _target(site_file, testbed_dir, conf_dir, whole, backup_dir, restart_cmds)
+    plan = diff(s, target)
+    if not plan.changes:
+        click.echo("no change", err=True)
+    else:
+        click.echo(f"{len(plan.changes)} change(s); applying needs: {plan.action}", err=True)
+    emit(_change_rows(plan.changes), output_format, title=f"site '{s.name}' vs live",
+         document={"action": plan.action, "changes": _change_rows(plan.changes)})
+    if exit_code and plan.changes:
+        sys.exit(1)
+
+
+@site.command("apply")
+@SITE_ARG
+@_target_options
+@click.option("--dry-run", is_flag=True, help="Show the plan; change nothing.")
+@click.option("--health-timeout", type=float, default=90.0, show_default=True,
+              help="Seconds to wait for the cluster to be healthy after the change.")
+@format_option
+def apply_cmd(site_file: str, testbed_dir: str | None, conf_dir: str | None, whole: bool,
+              backup_dir: str | None, restart_cmds: tuple[str, ...], dry_run: bool,
+              health_timeout: float, output_format: str) -> None:
+    """Apply SITE to the live cluster, safely.
+
+    \b
+    1. check the cluster is healthy (scontrol ping, nodes);
+    2. back up the live files and the QOS records it will touch;
+    3. write the new files atomically;
+    4. scontrol reconfigure, or restart slurmctld and slurmd when a change needs it;
+    5. check health again: slurmctld answers, every node back, none INVAL/DOWN;
+    6. create or update QOS through sacctmgr.
+    On any failure the backup is restored the same way and the command exits 7.
+    """
+    from hetslurm.levers import apply
+
+    s, target = _target(site_file, testbed_dir, conf_dir, whole, backup_dir, restart_cmds)
+    res = apply(s, target, dry_run=dry_run, health_timeout=health_timeout)
+    if not res.plan.changes:
+        click.echo("no change", err=True)
+    elif dry_run:
+        click.echo(f"dry run: would {res.plan.action} for {len(res.plan.changes)} change(s)",
+                   err=True)
+    else:
+        click.echo(f"applied ({res.action}) in {res.seconds:.1f}s; backup {res.backup}",
+                   err=True)
+    emit(_change_rows(res.plan.changes), output_format, title=f"site '{s.name}'",
+         document=res.to_dict())
+
+
+@site.command("rollback")
+@_target_options
+@click.option("--health-timeout", type=float, default=90.0, show_default=True,
+              help="Seconds to wait for the cluster to be healthy after restoring.")
+@format_option
+def rollback_cmd(testbed_dir: str | None, conf_dir: str | None, whole: bool,
+                 backup_dir: str | None, restart_cmds: tuple[str, ...], health_timeout: float,
+                 output_format: str) -> None:
+    """Restore the configuration (files and QOS) from before the last `site apply`.
+
+    Uses the newest backup not yet rolled back; a second rollback goes one step further.
+    """
+    from hetslurm.levers import rollback
+
+    _, target = _target(None, testbed_dir, conf_dir, whole, backup_dir, restart_cmds)
+    res = rollback(target, health_timeout=health_timeout)
+    click.echo(f"restored {res.backup} ({res.action or 'no file change'})", err=True)
+    emit(_change_rows(res.plan.changes), output_format, title="rollback",
+         document=res.to_dict())

@@ -429,13 +429,19 @@ class ClusterModel:
         return big
 
     def empty(self) -> ClusterModel:
-        """The same cluster with nothing running and every node available."""
-        return replace(
-            self,
-            state=_empty_state(self.n_nodes, len(self.gpu_island), int(self.fpga_offsets[-1]),
-                               len(self.core_numa), self.mem_total_mib.tolist()),
-            _cache={},
-        )
+        """The same cluster with nothing running and every node available (cached: "cannot
+        place" answers evaluate it, and its compiled core is built once)."""
+        cached: ClusterModel | None = self._cache.get("empty")
+        if cached is None:
+            cached = replace(
+                self,
+                state=_empty_state(self.n_nodes, len(self.gpu_island),
+                                   int(self.fpga_offsets[-1]), len(self.core_numa),
+                                   self.mem_total_mib.tolist()),
+                _cache={},
+            )
+            self._cache["empty"] = cached
+        return cached
 
     def with_arrays(self, state: StateArrays) -> ClusterModel:
         """The same cluster with ``state`` applied (checked for shape, dtype and range).

@@ -70,6 +70,8 @@ class JobLike(Protocol):
     def time_limit(self) -> object: ...
     @property
     def allocated_gres(self) -> Mapping[str, Sequence[_GresLike]]: ...
+    @property
+    def cpu_ids(self) -> Mapping[str, Sequence[int]]: ...
 
 
 class BackendLike(Protocol):
@@ -155,10 +157,11 @@ class LiveState:
         """Read nodes and jobs from a Slurm backend.
 
         Device indices come from the nodes' ``GresUsed=...(IDX:...)`` and the jobs'
-        allocated GRES; CPU ids only when the backend's jobs carry a ``cpu_ids`` mapping
-        (node to ids; Slurm 22.05's CLI prints them in ``scontrol show job -d`` only, which
-        the access layer does not parse yet), otherwise cores in use are attributed by NUMA
-        domain (see :meth:`hetslurm.placement.model.ClusterModel.with_state`).
+        allocated GRES; CPU ids from the jobs' ``cpu_ids`` (node to ids; the CLI backend
+        reads them from ``scontrol show job -d``'s ``CPU_IDs=``). A job whose source gave
+        no ids for a node gets ``cpu_ids=None`` there, and cores in use on that node are then
+        attributed by NUMA domain (see
+        :meth:`hetslurm.placement.model.ClusterModel.with_state`).
         """
         stamp = time.time() if now is None else now
         jobs_on: dict[str, list[RunningJob]] = {}
@@ -166,7 +169,7 @@ class LiveState:
             if job.state not in HOLDING_STATES:
                 continue
             end = _end_time(job)
-            cpu_map = getattr(job, "cpu_ids", None)
+            cpu_map = job.cpu_ids
             for host in job.nodes:
                 gpus: set[int] = set()
                 fpgas: set[int] = set()
@@ -174,7 +177,7 @@ class LiveState:
                     target = gpus if item.name == "gpu" else fpgas if item.name == "fpga" else None
                     if target is not None and item.indices:
                         target.update(item.indices)
-                ids = cpu_map.get(host) if isinstance(cpu_map, Mapping) else None
+                ids = cpu_map.get(host)
                 jobs_on.setdefault(host, []).append(
                     RunningJob(
                         job_id=str(job.job_id),

@@ -18,6 +18,7 @@ import hostlist
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from hetslurm.errors import ConfigError
+from hetslurm.site import levers as site_levers
 from hetslurm.site import names
 from hetslurm.site.locate import KeyPath, LineIndex
 from hetslurm.site.model import (
@@ -28,7 +29,7 @@ from hetslurm.site.model import (
     class_weight,
     place_devices,
 )
-from hetslurm.site.schema import SCHEMA_VERSION, SECTIONS, DeviceGroup, NodeClass, SiteFile
+from hetslurm.site.schema import SCHEMA_VERSION, SECTIONS, DeviceGroup, Levers, NodeClass, SiteFile
 
 MAX_NODES = 100_000
 _TIME_RE = re.compile(r"^(UNLIMITED|INFINITE|(\d+-)?\d+(:\d{1,2}){0,2})$")
@@ -329,6 +330,10 @@ def _resolve(ctx: _Ctx, f: SiteFile, sections: dict[str, Any]) -> Site:
                  *sorted(gpu_present - set(f.scheduling.gpu_model_order)))
     fpga_order = (*f.scheduling.fpga_model_order,
                   *sorted(fpga_present - set(f.scheduling.fpga_model_order)))
+    levers = _resolve_levers(ctx, sections, gpu_present, fpga_present)
+    if levers is not None and levers.weight_from == "power_cost":
+        # Power and cost rank the models; the site's written order must agree (or be absent).
+        gpu_order, fpga_order, f = _levers_order(ctx, f, levers, gpu_order, fpga_order)
 
     # Nodes.
     if not f.nodes:
@@ -412,6 +417,9 @@ def _resolve(ctx: _Ctx, f: SiteFile, sections: dict[str, Any]) -> Site:
 
     _check_classes_section(ctx, sections.get("classes", {}), gpu_present | fpga_present,
                            partitions)
+    _check_hook_section(ctx, sections.get("hook"), gpu_present)
+    _check_levers_section(ctx, levers, nodes, partitions)
+    _check_usage_section(ctx, sections.get("usage"), gpu_present)
     return Site(
         path=ctx.path,
         name=f.name,
@@ -489,3 +497,167 @@ def _check_classes_section(ctx: _Ctx, classes: dict[str, Any], models: set[str],
         if wc.partition is not None and wc.partition not in partitions:
             raise ctx.error((*key, "partition"), f"unknown partition '{wc.partition}'"
                             f"{did_you_mean(wc.partition, partitions)}")
+
+
+def _check_hook_section(ctx: _Ctx, hook: Any, gpu_models: set[str]) -> None:
+    if hook is None:
+        return
+    for level, qos in hook.priority_qos.items():
+        key: KeyPath = ("hook", "priority_qos", level)
+        if level not in ("high", "normal", "low"):
+            raise ctx.error(key, f"unknown priority '{level}'"
+                            f"{did_you_mean(level, ['high', 'normal', 'low'])}; "
+                            "levels: high, normal, low")
+        problem = names.ident_problem(qos, "QOS")
+        if problem:
+            raise ctx.error(key, problem)
+    for i, model in enumerate(hook.energy_low_models):
+        if model not in gpu_models:
+            raise ctx.error(("hook", "energy_low_models", i), f"'{model}' is not a GPU model of "
+                            f"this site{did_you_mean(model, gpu_models)}")
+
+
+def _check_usage_section(ctx: _Ctx, usage: Any, gpu_models: set[str]) -> None:
+    """``[usage] speed`` names GPU models of this site (a typo would silently drop advice)."""
+    if usage is None:
+        return
+    for model in usage.speed:
+        if model not in gpu_models:
+            raise ctx.error(("usage", "speed", model), f"'{model}' is not a GPU model of this "
+                            f"site{did_you_mean(model, gpu_models)}")
+
+
+def _resolve_levers(ctx: _Ctx, sections: dict[str, Any], gpu_present: set[str],
+                    fpga_present: set[str]) -> Levers | None:
+    """Check ``[levers]`` keys that name models, read a referenced speed table, and store
+    the resolved section back (so rendering never reads a file)."""
+    lv = sections.get("levers")
+    if not isinstance(lv, Levers):
+        return None
+    models = gpu_present | fpga_present
+    for m in lv.cost_per_device_hour:
+        if m not in models:
+            raise ctx.error(("levers", "cost_per_device_hour", m), f"'{m}' is not a device model "
+                            f"of this site{did_you_mean(m, models)}")
+    for m in lv.shards:
+        if m not in gpu_present:
+            raise ctx.error(("levers", "shards", m), f"'{m}' is not a GPU model of this site"
+                            f"{did_you_mean(m, gpu_present)}")
+    if lv.speed and lv.speed_table:
+        raise ctx.error(("levers", "speed_table"), "give either 'speed' or 'speed_table', not both")
+    speed = dict(lv.speed)
+    key: KeyPath = ("levers", "speed")
+    if lv.speed_table:
+        key = ("levers", "speed_table")
+        try:
+            speed = site_levers.load_speed_table(lv.speed_table, Path(ctx.path).parent)
+        except site_levers.SpeedTableError as exc:
+            raise ctx.error(key, str(exc)) from None
+        # A shared table may measure models this site lacks; keep the site's own.
+        speed = {m: v for m, v in speed.items() if m in gpu_present}
+    else:
+        for m in speed:
+            if m not in gpu_present:
+                raise ctx.error(("levers", "speed", m), f"'{m}' is not a GPU model of this site"
+                                f"{did_you_mean(m, gpu_present)}")
+    if speed:
+        missing = sorted(gpu_present - set(speed))
+        if missing:
+            raise ctx.error(key, f"no speed for GPU model(s) {', '.join(missing)}: billing by "
+                            "speed needs every model")
+        if lv.billing_workload is not None:
+            for m, row in speed.items():
+                if lv.billing_workload not in row:
+                    raise ctx.error(("levers", "billing_workload"),
+                                    f"workload type '{lv.billing_workload}' has no speed for "
+                                    f"'{m}'{did_you_mean(lv.billing_workload, row)}")
+        elif not set.intersection(*(set(row) for row in speed.values())):
+            raise ctx.error(key, "no workload type has a speed for every GPU model")
+    if lv.priority_decay_half_life is not None and not _TIME_RE.match(
+            lv.priority_decay_half_life):
+        raise ctx.error(("levers", "priority_decay_half_life"),
+                        f"'{lv.priority_decay_half_life}' is not a Slurm time")
+    resolved: Levers = lv.model_copy(update={"speed": speed, "speed_table": lv.speed_table})
+    sections["levers"] = resolved
+    return resolved
+
+
+def _levers_order(ctx: _Ctx, f: SiteFile, lv: Levers, gpu_order: tuple[str, ...],
+                  fpga_order: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...], SiteFile]:
+    orders = {"gpu": gpu_order, "fpga": fpga_order}
+    update: dict[str, tuple[str, ...]] = {}
+    for kind in ("gpu", "fpga"):
+        scores = site_levers.device_scores(f.node_classes, lv, kind)
+        if not scores:
+            continue
+        derived = site_levers.derived_order(scores)
+        written = getattr(f.scheduling, f"{kind}_model_order")
+        if written and derived != orders[kind]:
+            detail = ", ".join(f"{m} {scores[m].score:.3g}" for m in derived)
+            raise ctx.error(("scheduling", f"{kind}_model_order"),
+                            f"lists {', '.join(written)}, but power and cost per unit of work "
+                            f"rank {', '.join(derived)} (scores {detail}); remove the order to "
+                            "let the levers set it, or set levers.weight_from = \"order\"")
+        orders[kind] = derived
+        update[f"{kind}_model_order"] = derived
+    if update:
+        f = f.model_copy(update={"scheduling": f.scheduling.model_copy(update=update)})
+    return orders["gpu"], orders["fpga"], f
+
+
+def _check_levers_section(ctx: _Ctx, lv: Levers | None, nodes: Sequence[NodeSpec],
+                          partitions: dict[str, ResolvedPartition]) -> None:
+    if lv is None:
+        return
+    by_name = {n.name: n for n in nodes}
+    gpus = {n.gpus[0].model for n in nodes if n.gpus}
+    fpgas = {n.fpgas[0].model for n in nodes if n.fpgas}
+    lever_keys = {"maxcpuspernode", "maxmempernode", "tresbillingweights"}
+    for pname, part in partitions.items():
+        taken = [k for k in part.spec.options if k.lower() in lever_keys]
+        if taken and (pname in lv.gpu_reserve or lv.speed):
+            raise ctx.error(("partitions", pname, "options", taken[0]),
+                            f"'{taken[0]}' is set by [levers]; remove it from the options")
+    for pname, res in lv.gpu_reserve.items():
+        key: KeyPath = ("levers", "gpu_reserve", pname)
+        if pname not in partitions:
+            raise ctx.error(key, f"unknown partition '{pname}'{did_you_mean(pname, partitions)}")
+        members = [by_name[n] for n in partitions[pname].nodes]
+        dev = [n for n in members if n.gpus or n.fpgas]
+        if not dev:
+            raise ctx.error(key, f"partition '{pname}' has no GPU or FPGA node to reserve for")
+        cap_cpus = min(n.cpus for n in dev) - res.cores * min(n.spec.threads_per_core for n in dev)
+        if res.cores and cap_cpus < 1:
+            raise ctx.error((*key, "cores"), f"reserving {res.cores} cores leaves no CPU for "
+                            f"jobs of '{pname}' on its smallest device node")
+        cap_mem = min(n.spec.memory for n in dev) - (res.memory or 0)
+        if res.memory and cap_mem < 1:
+            raise ctx.error((*key, "memory"), "reserving this much memory leaves none for jobs "
+                            f"of '{pname}' on its smallest device node")
+        # Slurm 22.05 applies MaxCPUsPerNode/MaxMemPerNode to every node of the partition.
+        capped = [n.name for n in members if not (n.gpus or n.fpgas)
+                  and ((res.cores and n.cpus > cap_cpus)
+                       or (res.memory and n.spec.memory > cap_mem))]
+        if capped:
+            raise ctx.error(key, f"partition '{pname}' also holds CPU-only node(s) "
+                            f"{hostlist.collect_hostlist(capped)}, which the limit would cap "
+                            "too (Slurm applies it to every node of a partition); reserve on a "
+                            "partition of device nodes only")
+    for qname, q in lv.qos.items():
+        key = ("levers", "qos", qname)
+        problem = names.ident_problem(qname, "QOS")
+        if problem:
+            raise ctx.error(key, problem)
+        for field in ("max_tres_per_user", "max_tres_per_job"):
+            for tres in getattr(q, field):
+                if tres not in site_levers.QOS_TRES_KEYS and tres not in gpus | fpgas:
+                    choices = set(site_levers.QOS_TRES_KEYS) | gpus | fpgas
+                    raise ctx.error((*key, field, tres), f"'{tres}' is neither a device model "
+                                    f"of this site nor one of gpu, fpga, shard, cpu, node, mem"
+                                    f"{did_you_mean(tres, choices)}")
+        if q.max_wall is not None and not _TIME_RE.match(q.max_wall):
+            raise ctx.error((*key, "max_wall"), f"'{q.max_wall}' is not a Slurm time")
+        for i, who in enumerate((*q.accounts, *q.users)):
+            if not re.fullmatch(r"[A-Za-z0-9_.][A-Za-z0-9_.@-]*", who):
+                field = "accounts" if i < len(q.accounts) else "users"
+                raise ctx.error((*key, field), f"'{who}' is not an account or user name")

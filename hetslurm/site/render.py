@@ -21,6 +21,7 @@ from pathlib import Path
 
 import hostlist
 
+from hetslurm.site import levers
 from hetslurm.site.model import Device, NodeSpec, Site
 
 GRES_TYPES = ("gpu", "fpga")
@@ -115,6 +116,8 @@ def site_digest(site: Site) -> str:
     for name in sorted(site.switches):
         h.update(repr((name, site.switches[name])).encode())
     h.update(repr(site.scheduling).encode())
+    if site.sections.get("levers") is not None:
+        h.update(repr(site.sections["levers"]).encode())
     return h.hexdigest()[:16]
 
 
@@ -147,16 +150,20 @@ def accounting_tres(site: Site) -> str:
     tres += [f"gres/gpu:{m}" for m in site.gpu_models()]
     tres.append("gres/fpga")
     tres += [f"gres/fpga:{m}" for m in site.fpga_models()]
+    if levers.has_shards(site):
+        tres.append("gres/shard")
     return ",".join(tres)
 
 
 def _global_lines(site: Site, *, accounting: bool = True) -> list[str]:
-    lines = [f"GresTypes={','.join(GRES_TYPES)}"]
+    shard = ("shard",) if levers.has_shards(site) else ()
+    lines = [f"GresTypes={','.join((*GRES_TYPES, *shard))}"]
     if accounting:
         # slurmctld 22.05 refuses to start with gres TRES and no slurmdbd ("fatal: slurmdbd
         # is required to run with TRES gres/gpu"), so a whole conf without one omits it.
         lines.append(f"AccountingStorageTRES={accounting_tres(site)}")
     lines.append("PriorityType=priority/multifactor")
+    lines += levers.global_lines(site, accounting=accounting)
     if site.switches:
         lines.append("TopologyPlugin=topology/tree")
     if site.scheduling.def_mem_per_cpu:
@@ -164,16 +171,18 @@ def _global_lines(site: Site, *, accounting: bool = True) -> list[str]:
     return lines
 
 
-def _gres_string(node: NodeSpec) -> str:
+def _gres_string(node: NodeSpec, shards: int = 0) -> str:
     parts = []
     if node.gpus:
         parts.append(f"gpu:{node.gpus[0].model}:{len(node.gpus)}")
+    if shards:
+        parts.append(f"shard:{shards}")
     if node.fpgas:
         parts.append(f"fpga:{node.fpgas[0].model}:{len(node.fpgas)}")
     return ",".join(parts)
 
 
-def _node_attrs(node: NodeSpec) -> str:
+def _node_attrs(node: NodeSpec, shards: int = 0) -> str:
     s = node.spec
     attrs = [
         f"CPUs={node.cpus}",
@@ -183,7 +192,7 @@ def _node_attrs(node: NodeSpec) -> str:
         f"ThreadsPerCore={s.threads_per_core}",
         f"RealMemory={s.memory}",
     ]
-    gres = _gres_string(node)
+    gres = _gres_string(node, shards)
     if gres:
         attrs.append(f"Gres={gres}")
     attrs.append(f"Feature={','.join(node.features)}")
@@ -198,12 +207,12 @@ def _node_lines(site: Site, runtime: Runtime | None) -> list[str]:
         for node in site.nodes:
             addr = f" NodeAddr={runtime.node_addr}" if runtime.node_addr else ""
             lines.append(f"NodeName={node.name}{addr} Port={runtime.node_ports[node.name]} "
-                         f"{_node_attrs(node)} State=UNKNOWN")
+                         f"{_node_attrs(node, levers.node_shards(site, node))} State=UNKNOWN")
         return lines
     # Group consecutive nodes with identical attributes into one hostlist line.
     groups: list[tuple[str, list[str]]] = []
     for node in site.nodes:
-        attrs = _node_attrs(node)
+        attrs = _node_attrs(node, levers.node_shards(site, node))
         if groups and groups[-1][0] == attrs:
             groups[-1][1].append(node.name)
         else:
@@ -212,7 +221,7 @@ def _node_lines(site: Site, runtime: Runtime | None) -> list[str]:
             for attrs, names in groups]
 
 
-def _partition_lines(site: Site) -> list[str]:
+def _partition_lines(site: Site, *, accounting: bool = True) -> list[str]:
     lines = []
     for name, part in site.partitions.items():
         nodes = "ALL" if part.spec.nodes == "ALL" else hostlist.collect_hostlist(list(part.nodes))
@@ -222,6 +231,7 @@ def _partition_lines(site: Site) -> list[str]:
         if part.spec.default_time:
             attrs.append(f"DefaultTime={part.spec.default_time}")
         attrs += [f"{k}={v}" for k, v in part.spec.options.items()]
+        attrs += levers.partition_attrs(site, part, accounting=accounting)
         attrs.append("State=UP")
         lines.append(" ".join(attrs))
     return lines
@@ -254,6 +264,10 @@ def render_gres_conf(site: Site, runtime: Runtime | None = None) -> str:
                 if kind == "gpu" and len(devices) > 1:
                     entry += f" Links={_links(devices, d)}"
                 body.append(entry)
+        shards = levers.node_shards(site, node)
+        if shards:
+            # 22.05 spreads a node's shards evenly over its GPUs; no File= needed.
+            body.append(f"Name=shard Count={shards}")
         if body:
             blocks.setdefault(tuple(body), []).append(node.name)
     for body_key, node_names in blocks.items():
@@ -346,7 +360,7 @@ def _whole_slurm_conf(site: Site, rt: Runtime) -> str:
         lines.append("JobSubmitPlugins=lua")
     lines += _global_lines(site, accounting=bool(rt.slurmdbd_host))
     lines += ["", "# Nodes", *_node_lines(site, rt)]
-    lines += ["", "# Partitions", *_partition_lines(site)]
+    lines += ["", "# Partitions", *_partition_lines(site, accounting=bool(rt.slurmdbd_host))]
     return "\n".join(lines) + "\n"
 
 

@@ -164,3 +164,156 @@ def register_section(name: str, type_: Any, default: Any) -> None:
     if name in SiteFile.model_fields or name in SECTIONS:
         raise ValueError(f"site section '{name}' is already defined")
     SECTIONS[name] = (type_, default)
+
+
+class Usage(_Strict):
+    """``[usage]``: what "used", "busy" and "idle" mean for GPU samples (see
+    docs/metrics-and-audit.md). Percentages are NVML's utilization (0-100)."""
+
+    #: A sample counts towards busy GPU-hours at or above this utilization.
+    busy_threshold_pct: Annotated[StrictFloat | StrictInt, Field(ge=0, le=100)] = 10.0
+    #: A job is idle when every sample of every GPU in a window is below this.
+    idle_threshold_pct: Annotated[StrictFloat | StrictInt, Field(ge=0, le=100)] = 5.0
+    #: Window length for the idle rule; a shorter job is judged over its whole run.
+    idle_window_s: Annotated[StrictInt, Field(ge=1, le=30 * 86400)] = 3600
+    #: Optional memory rule: an idle window must also stay below this GPU memory used.
+    idle_memory_mib: Annotated[StrictInt, Field(ge=0)] | None = None
+    #: Share of a window's expected samples that must be present (known) to judge it.
+    min_coverage: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1)] = 0.5
+    #: Relative speed of each device model (right-size advice); unlisted models are not
+    #: suggested.
+    speed: dict[str, Annotated[StrictFloat | StrictInt, Field(gt=0)]] = Field(
+        default_factory=dict)
+    #: Right-size advice: a smaller model "would have served" when the job's mean
+    #: utilization scaled to that model stays at or below this.
+    right_size_target_pct: Annotated[StrictFloat | StrictInt, Field(gt=0, le=100)] = 80.0
+
+
+class Collector(_Strict):
+    """``[collector]``: the node collector and its metrics store."""
+
+    #: ``real`` reads NVML (nvidia-ml-py); ``fake`` reads a scripted scenario (tests, demo).
+    nvml: Annotated[str, Field(pattern=r"^(real|fake)$")] = "real"
+    #: The fake NVML's scenario file (JSON), required when ``nvml = "fake"``.
+    fake_scenario: str | None = None
+    interval_s: Annotated[StrictFloat | StrictInt, Field(ge=0.1, le=3600)] = 30
+    #: Samples are written as one segment per node at least this often.
+    flush_s: Annotated[StrictFloat | StrictInt, Field(ge=0.1, le=86400)] = 300
+    store: str = "/var/lib/hetslurm/metrics"
+    #: gres.conf to follow index -> File=; default: beside $SLURM_CONF, else /etc/slurm.
+    gres_conf: str | None = None
+    #: Drain a node whose GPU NVML reports lost (or that vanished from NVML).
+    drain_lost_gpu: StrictBool = False
+    drain_reason: str = "hetslurm: GPU lost (NVML)"
+    #: Owners whose segments readers accept, besides root and the reader itself.
+    trusted_uids: tuple[StrictInt, ...] = ()
+    #: Merge segments older than this into one per node and day.
+    compact_after_s: Annotated[StrictInt, Field(ge=60)] = 3600
+    retention_days: Annotated[StrictInt, Field(ge=1)] = 90
+
+
+register_section("usage", Usage, Usage())
+register_section("collector", Collector, Collector())
+
+
+class HookPolicy(_Strict):
+    """``[hook]``: the job_submit hook's policy (docs/site-config.md, docs/hook.md).
+
+    Rendered into the hook's rules by :mod:`hetslurm.site.hook_rules`.
+    """
+
+    #: ``enforce`` rewrites and rejects; ``shadow`` decides and logs only; ``off`` does nothing.
+    mode: Annotated[str, Field(pattern=r"^(enforce|shadow|off)$")] = "enforce"
+    #: Where the decision record goes: ``admin_comment`` (users cannot edit it), ``comment``
+    #: or ``none`` (then ``scontrol update`` cannot be checked against the decision).
+    record_field: Annotated[str, Field(pattern=r"^(admin_comment|comment|none)$")] = (
+        "admin_comment")
+    #: The record's namespace: the hook owns only the ``<record_key>:{...}`` segment.
+    record_key: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,31}$")] = "hetslurm"
+    #: Bound on the segment; optional parts are dropped to fit.
+    record_max_bytes: Annotated[StrictInt, Field(ge=96, le=1024)] = 384
+    #: Bound on the whole field; past it the record is not written (other tools' text stays).
+    record_max_field_bytes: Annotated[StrictInt, Field(ge=96, le=65536)] = 4096
+    #: ``wait4switch`` for ``locality=switch`` without ``switch-wait=``, in seconds.
+    switch_wait_default_s: Annotated[StrictInt, Field(ge=0, le=86400)] = 300
+    #: QOS per ``priority=`` level; a level without one leaves the job's QOS alone.
+    priority_qos: dict[str, str] = Field(default_factory=dict)
+    #: Who may ask for ``priority=high``: user names, accounts; ``"*"`` in users means anyone.
+    high_priority_users: tuple[str, ...] = ()
+    high_priority_accounts: tuple[str, ...] = ()
+    #: uids whose ``scontrol update`` may change fields the hook wrote (root by default).
+    modify_exempt_uids: tuple[Annotated[StrictInt, Field(ge=0)], ...] = (0,)
+    #: GPU models ``energy=low`` narrows to, in the site's order (empty: no narrowing).
+    energy_low_models: tuple[str, ...] = ()
+
+
+register_section("hook", HookPolicy, HookPolicy())
+
+
+class QosLever(_Strict):
+    """``[levers.qos.<name>]``: a QOS hetslurm creates or updates in slurmdbd (sacctmgr).
+
+    Limit keys name a device model (``h100`` becomes ``gres/gpu:h100``), or ``gpu``,
+    ``fpga``, ``shard``, ``cpu``, ``node`` or ``mem`` (MiB).
+    """
+
+    description: str = ""
+    priority: Annotated[StrictInt, Field(ge=0, le=2**31 - 1)] = 0
+    usage_factor: Annotated[StrictFloat | StrictInt, Field(ge=0, le=1000)] | None = None
+    max_tres_per_user: dict[str, Annotated[StrictInt, Field(ge=0)]] = Field(default_factory=dict)
+    max_tres_per_job: dict[str, Annotated[StrictInt, Field(ge=0)]] = Field(default_factory=dict)
+    max_jobs_per_user: Annotated[StrictInt, Field(ge=0)] | None = None
+    max_wall: str | None = None
+    #: Associations that may use the QOS (``sacctmgr modify ... set qos+=<name>``).
+    accounts: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+
+
+class GpuReserve(_Strict):
+    """``[levers.gpu_reserve.<partition>]``: cores and memory of every device node in the
+    partition that jobs of that partition may not take (``MaxCPUsPerNode``/``MaxMemPerNode``)."""
+
+    cores: Annotated[StrictInt, Field(ge=0, le=4096)] = 0
+    memory: MemoryMiB | None = None
+
+
+class Levers(_Strict):
+    """``[levers]``: Slurm settings hetslurm derives from the site (docs/levers.md)."""
+
+    #: ``power_cost``: node Weight from energy and cost per unit of work (falls back to
+    #: ``order`` when no model has power or cost); ``order``: the site's model order only.
+    weight_from: Annotated[str, Field(pattern=r"^(power_cost|order)$")] = "power_cost"
+    #: 1 ranks by energy per unit of work only, 0 by cost only.
+    energy_cost_balance: Annotated[StrictFloat | StrictInt, Field(ge=0, le=1)] = 0.5
+    #: Cost of one device-hour per model (any currency; only ratios matter).
+    cost_per_device_hour: dict[str, Annotated[StrictFloat | StrictInt, Field(ge=0)]] = Field(
+        default_factory=dict)
+    #: Relative throughput per GPU model and workload type: ``{model: {type: speed}}``.
+    speed: dict[str, dict[str, Annotated[StrictFloat | StrictInt, Field(gt=0)]]] = Field(
+        default_factory=dict)
+    #: Read the speed table from a file instead: ``gavel:<path>`` (Gavel's
+    #: simulation_throughputs.json; ``$HETSLURM_TRACES`` is expanded).
+    speed_table: str | None = None
+    #: Workload type whose speed sets billing; default: geometric mean over the types.
+    billing_workload: str | None = None
+    #: Billing units (one CPU = ``billing_cpu``) of an hour on the slowest GPU model.
+    billing_gpu: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1_000_000)] = 4.0
+    billing_cpu: Annotated[StrictFloat | StrictInt, Field(ge=0, le=1_000_000)] = 1.0
+    #: Billing units per GiB of memory (0: memory is not billed).
+    billing_mem_gib: Annotated[StrictFloat | StrictInt, Field(ge=0, le=1_000_000)] = 0.0
+    #: ``PriorityFlags=MAX_TRES``: a job is billed for its dominant resource, not the sum.
+    billing_max_tres: StrictBool = True
+    #: ``PriorityWeightTRES`` for the fastest GPU model (slower ones scaled by speed).
+    priority_weight_gpu: Annotated[StrictInt, Field(ge=0, le=2**31 - 1)] | None = None
+    priority_weight_fairshare: Annotated[StrictInt, Field(ge=0, le=2**31 - 1)] | None = None
+    #: ``PriorityCalcPeriod`` in minutes (how often fair-share usage is charged).
+    priority_calc_period_min: Annotated[StrictInt, Field(ge=1, le=1440)] | None = None
+    #: ``PriorityDecayHalfLife`` as a Slurm time (``7-0``); ``0`` disables decay.
+    priority_decay_half_life: str | None = None
+    gpu_reserve: dict[str, GpuReserve] = Field(default_factory=dict)
+    #: ``gres/shard`` per GPU by model: jobs asking ``--gres=shard:N`` share a GPU.
+    shards: dict[str, Annotated[StrictInt, Field(ge=1, le=128)]] = Field(default_factory=dict)
+    qos: dict[str, QosLever] = Field(default_factory=dict)
+
+
+register_section("levers", Levers | None, None)

@@ -151,7 +151,10 @@ class JobInfo(_ToDict):
     array's not-yet-split remainder has ``array_task_spec`` (``"2-3%2"``) and no task id.
     Requests keep Slurm's three places for GRES: ``tres_per_node`` (``--gres``),
     ``tres_per_job`` (``--gpus``), ``tres_per_task`` (``--gpus-per-task``).
-    ``allocated_gres`` maps each node to its devices with indices.
+    ``allocated_gres`` maps each node to its devices with indices; ``cpu_ids`` maps each node
+    to the CPU ids the job holds there (``scontrol show job -d``'s ``CPU_IDs=``, Slurm's
+    core-major numbering: CPU = core x threads per core + thread), empty when the source does
+    not say (``squeue --json`` alone, pyslurm, the fake).
     ``time_limit`` is seconds or UNLIMITED.
     """
 
@@ -172,6 +175,7 @@ class JobInfo(_ToDict):
     tres_per_job: tuple[GresItem, ...] = ()
     tres_per_task: tuple[GresItem, ...] = ()
     allocated_gres: Mapping[str, tuple[GresItem, ...]] = field(default_factory=dict)
+    cpu_ids: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     nodes: tuple[str, ...] = ()
     submit_time: datetime | None = None
     eligible_time: datetime | None = None

@@ -92,14 +92,15 @@ class CliBackend(SlurmBackend):
     def jobs(self) -> list[JobInfo]:
         jobs = parse.parse_squeue_json(self._run("squeue", "--json").stdout)
         # squeue's gres_detail pairs devices with nodes only by position; scontrol -d names
-        # the node of every GRES group, so its allocation wins where both have one.
+        # the node of every GRES group, so its allocation wins where both have one. Only
+        # scontrol -d prints the CPU ids per node.
         detail = {
-            j.job_id: j.allocated_gres
+            j.job_id: j
             for j in parse.parse_scontrol_jobs(
                 self._run("scontrol", "show", "job", "-d", "-o").stdout
             )
         }
-        return [_with_allocation(j, detail[j.job_id]) if detail.get(j.job_id) else j for j in jobs]
+        return [_with_allocation(j, detail[j.job_id]) if j.job_id in detail else j for j in jobs]
 
     def job(self, job_id: JobRef) -> JobInfo:
         ref = str(job_id)
@@ -198,5 +199,6 @@ class CliBackend(SlurmBackend):
         self._run_object(f"node '{name}'", *argv)
 
 
-def _with_allocation(job: JobInfo, alloc: Mapping[str, tuple[GresItem, ...]]) -> JobInfo:
-    return replace(job, allocated_gres=dict(alloc))
+def _with_allocation(job: JobInfo, detail: JobInfo) -> JobInfo:
+    gres = detail.allocated_gres or job.allocated_gres
+    return replace(job, allocated_gres=dict(gres), cpu_ids=dict(detail.cpu_ids))

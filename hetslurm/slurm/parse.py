@@ -298,6 +298,26 @@ def parse_job_gres_detail(pairs: list[tuple[str, str]]) -> dict[str, tuple[GresI
     return out
 
 
+def parse_job_cpu_ids(pairs: list[tuple[str, str]]) -> dict[str, tuple[int, ...]]:
+    """Per-node CPU ids from the ``Nodes=gpu[1-2] CPU_IDs=0-3,6`` groups of ``-d``.
+
+    A group names every node it covers, and each of them holds the same ids.
+    """
+    out: dict[str, tuple[int, ...]] = {}
+    current: tuple[str, ...] = ()
+    for key, value in pairs:
+        if key == "Nodes":
+            current = units.expand_hostlist(value)
+        elif key == "CPU_IDs" and current:
+            try:
+                ids = tuple(sorted(set(units.parse_indices(value))))
+            except ValueError as e:
+                raise BackendError(f"scontrol printed CPU_IDs={value!r}: {e}") from e
+            for node in current:
+                out[node] = ids
+    return out
+
+
 def parse_scontrol_jobs(text: str) -> list[JobInfo]:
     """Jobs from ``scontrol show job -d -o``."""
     out = []
@@ -330,6 +350,7 @@ def parse_scontrol_jobs(text: str) -> list[JobInfo]:
                 tres_per_job=_tres_items(_first(rec, "TresPerJob")),
                 tres_per_task=_tres_items(_first(rec, "TresPerTask")),
                 allocated_gres=parse_job_gres_detail(rec),
+                cpu_ids=parse_job_cpu_ids(rec),
                 nodes=units.expand_hostlist(_first(rec, "NodeList")),
                 submit_time=units.parse_datetime(_first(rec, "SubmitTime")),
                 eligible_time=units.parse_datetime(_first(rec, "EligibleTime")),

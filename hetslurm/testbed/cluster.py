@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetslurm.errors import CommandError, TestbedError
+from hetslurm.errors import CommandError, PlacementError, TestbedError
+from hetslurm.levers.rollout import classify
 from hetslurm.site import Site, load_site
 from hetslurm.site.render import Runtime, device_files, render, write_rendered
 from hetslurm.slurm.run import run_command
@@ -146,6 +147,7 @@ class Testbed:
             device_dir=str(self.root / "dev"),
             slurm_user="root",
             emulate=True,
+            # `up` installs hetslurm's hook (install_hook) before it renders slurm.conf.
             job_submit_lua=(self.etc / "job_submit.lua").exists(),
         )
 
@@ -211,9 +213,10 @@ class Testbed:
             st.node_ports[name] = port
 
     def _write_config(self, site: Site, st: State) -> dict[str, str]:
-        files = render(site, whole=True, runtime=self.runtime(st))
         for d in ("etc", "ctld", "run", "log", "dev"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
+        self.install_hook(site)
+        files = render(site, whole=True, runtime=self.runtime(st))
         for node in site.nodes:
             (self.root / "spool" / node.name).mkdir(parents=True, exist_ok=True)
         write_rendered(files, self.etc)
@@ -242,6 +245,18 @@ class Testbed:
         os.chmod(dbd, 0o600)  # slurmdbd refuses a config others can read
         self._make_devices(site, st)
         return files
+
+    def install_hook(self, site: Site) -> None:
+        """Render the site's job_submit hook into etc/ (validated first; see docs/hook.md)."""
+        from hetslurm.hook.install import install_hook
+
+        try:
+            res = install_hook(site, self.etc)
+        except PlacementError as exc:  # lupa (a dev dependency) is missing: run without it
+            self.log(f"job_submit hook not installed: {exc}")
+            return
+        if res.changed:
+            self.log(f"installed job_submit.lua (build {res.build}, mode {res.mode})")
 
     def _make_devices(self, site: Site, st: State) -> None:
         # gres.conf File= must name character devices (a plain file makes the node INVAL);
@@ -418,9 +433,13 @@ class Testbed:
     def _update_running(self, site: Site, site_file: str, st: State, t0: float) -> UpResult:
         old = {p.name: p.read_text() for p in self.etc.glob("*.conf") if p.name != "slurmdbd.conf"}
         self._assign_node_ports(st, site)
+        # The hook is reloaded by slurmctld itself (by mtime); only a new JobSubmitPlugins
+        # line in slurm.conf needs the restart below.
+        self.install_hook(site)
         new = render(site, whole=True, runtime=self.runtime(st))
-        changed = sorted(k for k in set(old) | set(new)
-                         if _strip_digest(old.get(k)) != _strip_digest(new.get(k)))
+        # One classifier for `up` and `site apply` (hetslurm.levers.rollout).
+        plan = classify(dict(old), dict(new))
+        changed = list(plan.files)
         if not changed:
             # Still make sure every daemon of the site runs (a slurmd may have died).
             self._start_slurmds(site, st)
@@ -428,13 +447,12 @@ class Testbed:
             return UpResult("already-up", time.monotonic() - t0, n, "configuration unchanged")
         st.site = site_file
         self.save_state(st)
-        if changed == ["slurm.conf"] and _only_partitions_differ(old["slurm.conf"],
-                                                                 new["slurm.conf"]):
+        if not plan.needs_restart:
             self._write_config(site, st)
             run_command(["scontrol", "reconfigure"], timeout=60, env=self.env())
             n = self.wait_nodes_idle(site)
             return UpResult("reconfigured", time.monotonic() - t0, n,
-                            "partitions changed: scontrol reconfigure")
+                            f"{', '.join(changed)} changed: scontrol reconfigure")
         # Node, gres and topology changes need slurmctld and slurmd restarted in 22.05.
         self.log(f"{', '.join(changed)} changed: restarting slurmctld and slurmd")
         self._stop_slurm(st)
@@ -553,18 +571,6 @@ class Testbed:
             "daemons": {n: {"pid": st.procs[n]["pid"], "alive": a} for n, a in alive.items()},
             "nodes": nodes,
         }
-
-
-def _strip_digest(text: str | None) -> list[str] | None:
-    if text is None:
-        return None
-    return [ln for ln in text.splitlines() if not ln.startswith("# hetslurm-site-digest")]
-
-
-def _only_partitions_differ(old: str, new: str) -> bool:
-    def strip(text: str) -> list[str]:
-        return [ln for ln in _strip_digest(text) or [] if not ln.startswith("PartitionName=")]
-    return strip(old) == strip(new)
 
 
 def free_ports(n: int, exclude: set[int] | None = None) -> list[int]:

@@ -44,11 +44,13 @@ def test_up_is_idempotent_updates_in_place_and_down_leaves_nothing(tmp_path: Pat
         assert tb.up(site).action == "reconfigured"
         assert "MaxTime=02:00:00" in _show(tb, "partition", "fpga")
 
-        # A node change (a new feature) needs slurmctld and slurmd restarted.
+        # A node's memory changes: slurmd must restart (a new feature alone applies on
+        # scontrol reconfigure, hetslurm.levers.rollout).
         site.write_text(site.read_text().replace(
             "[node_classes.cpu8]\nsockets = 2",
             '[node_classes.cpu8]\nfeatures = ["ssd"]\nsockets = 2',
-        ))
+        ).replace('memory = "16G"\npower_idle_watts = 100',
+                  'memory = "15G"\npower_idle_watts = 100'))
         res = tb.up(site)
         assert res.action == "restarted"
         assert "AvailableFeatures=cpu,ssd" in _show(tb, "node", "cpu1")

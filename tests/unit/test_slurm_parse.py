@@ -208,3 +208,29 @@ def test_unknown_json_fields_are_tolerated() -> None:
         n["field_from_a_newer_slurm"] = {"x": 1}
     doc["new_top_level"] = []
     assert len(parse.parse_sinfo_json(json.dumps(doc))) == 5
+
+
+def test_scontrol_jobs_cpu_ids_per_node() -> None:
+    jobs = {j.display_id: j for j in parse.parse_scontrol_jobs(read("scontrol_show_job_d_o.txt"))}
+    assert jobs["4"].cpu_ids == {"cpu1": (0, 1)}
+    assert jobs["11+1"].cpu_ids == {"gpu2": (4,)}
+    assert jobs["6"].cpu_ids == {}  # pending: no allocation yet
+    # The running jobs' CPU ids on a node add up to the node's CPUAlloc and never overlap.
+    nodes = parse.parse_scontrol_nodes(read("scontrol_show_node_d_o.txt"))
+    for node in nodes:
+        held = [c for j in jobs.values() if j.state == "RUNNING"
+                for c in j.cpu_ids.get(node.name, ())]
+        assert len(held) == len(set(held)) == node.cpus_alloc, node.name
+
+
+def test_scontrol_job_cpu_ids_one_group_per_node_set() -> None:
+    # A multi-node job prints one "Nodes= CPU_IDs= Mem= GRES=" group per set of nodes that
+    # hold the same ids (format as Slurm 22.05 prints it with -d -o).
+    line = ("JobId=21 JobName=x JobState=RUNNING NodeList=gpu[1-3] JOB_GRES=gpu:h100:4   "
+            "Nodes=gpu[1-2] CPU_IDs=0-1,4 Mem=3072 GRES=gpu:h100:2(IDX:0-1) "
+            "Nodes=gpu3 CPU_IDs=6-7 Mem=2048 GRES=gpu:h100:2(IDX:4-5) MinCPUsNode=1")
+    (job,) = parse.parse_scontrol_jobs(line)
+    assert job.cpu_ids == {"gpu1": (0, 1, 4), "gpu2": (0, 1, 4), "gpu3": (6, 7)}
+    assert job.gres_on("gpu3") == {("gpu", "h100"): (4, 5)}
+    with pytest.raises(BackendError, match="CPU_IDs"):
+        parse.parse_scontrol_jobs("JobId=22 Nodes=gpu1 CPU_IDs=zero GRES=")

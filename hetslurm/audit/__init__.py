@@ -1,0 +1,6 @@
+"""The admin's utilization audit: sacct plus GPU samples into named pandas tables.
+
+:func:`hetslurm.audit.tables.audit` computes every table from two DataFrames (jobs from
+sacct, samples from the metrics store or Prometheus) and the site; :mod:`.sacct` reads
+accounting, :mod:`.report` renders tables, plots and HTML; :mod:`.bench` is the benchmark.
+"""

@@ -1,0 +1,475 @@
+"""Every audit table, computed with pandas from jobs (sacct) and samples (the store).
+
+Definitions (docs/metrics-and-audit.md, ``[usage]`` in the site file):
+
+* a sample stands for ``interval_s`` seconds of one GPU; it is *known* when its status is
+  ``ok`` and it has a utilization; anything else (missing, stale, MIG, not supported, lost)
+  is *unknown*, and unknown is never idle;
+* used GPU-hours = sum of utilization/100 x interval; busy GPU-hours = interval of samples
+  at or above ``busy_threshold_pct``; idle GPU-hours = interval of known samples below
+  ``idle_threshold_pct`` while a job held the GPU;
+* a job is *idle* when, in some window of ``idle_window_s`` (its whole run when shorter),
+  every sample of every GPU is known and below ``idle_threshold_pct`` (and below
+  ``idle_memory_mib`` when set), with at least ``min_coverage`` of the expected samples;
+* wait = start - eligible, per run (``sacct --duplicates`` gives a requeued job a row per
+  start).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetslurm.site.model import Site
+from hetslurm.site.schema import Usage
+
+#: Relative speeds used for right-size advice when the site's ``[usage] speed`` is empty
+#: (dense FP16/BF16 tensor throughput, A100 = 1; a rough public ranking).
+DEFAULT_SPEED = {"b200": 6.0, "h200": 3.2, "h100": 3.0, "gh200": 3.2, "l40s": 1.1,
+                 "a100": 1.0, "l40": 0.6, "a40": 0.5, "a10": 0.4, "v100": 0.4, "l4": 0.4,
+                 "t4": 0.2}
+TABLES = ("by_gpu_model", "by_partition", "by_account", "by_user", "by_class", "idle_jobs",
+          "wait", "fragmentation", "right_size", "placement", "hook_decisions")
+
+
+@dataclass
+class AuditResult:
+    """Named tables and what they were computed from."""
+
+    tables: dict[str, Any]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def partial(self) -> bool:
+        return bool(self.meta.get("partial"))
+
+    def document(self) -> dict[str, Any]:
+        """One JSON-able object: ``meta`` and each table as a list of row objects."""
+        out: dict[str, Any] = {"meta": self.meta}
+        for name, frame in self.tables.items():
+            out[name] = records(frame)
+        return out
+
+
+def records(frame: Any) -> list[dict[str, Any]]:
+    import pandas as pd
+
+    rows = []
+    for rec in frame.to_dict("records"):
+        clean: dict[str, Any] = {}
+        for k, v in rec.items():
+            if v is pd.NA or v is pd.NaT or (isinstance(v, float) and math.isnan(v)):
+                clean[k] = None
+            elif hasattr(v, "item"):
+                clean[k] = v.item()
+            else:
+                clean[k] = v
+        rows.append(clean)
+    return rows
+
+
+def _h(seconds: Any) -> Any:
+    return seconds / 3600.0
+
+
+def prepare_samples(samples: Any, usage: Usage, since: float, until: float) -> Any:
+    """Samples in range with per-sample GPU-hours columns added."""
+    inside = (samples["time"] >= since) & (samples["time"] < until)
+    # The store already cut the range; copy only when something is cut here.
+    s = samples if bool(inside.all()) else samples[inside].copy()
+    # float64 arithmetic whatever the source stored (the store keeps float32), so files
+    # and Prometheus give identical sums.
+    util = s["utilization_pct"].astype("float64")
+    known = (s["status"].astype(str) == "ok") & util.notna()
+    w = s["interval_s"].astype("float64").fillna(0.0) / 3600.0
+    s["known"] = known
+    s["w_h"] = w
+    s["used_h"] = (util.fillna(0.0) / 100.0 * w).where(known, 0.0)
+    s["busy_h"] = w.where(known & (util >= usage.busy_threshold_pct), 0.0)
+    idle = known & (util < usage.idle_threshold_pct)
+    if usage.idle_memory_mib is not None:
+        idle &= s["memory_used_mib"].fillna(math.inf) < usage.idle_memory_mib
+    s["idle_h"] = w.where(idle, 0.0)
+    s["unknown_h"] = w.where(~known, 0.0)
+    s["held"] = s["job_id"].notna()
+    return s
+
+
+def prepare_jobs(jobs: Any, since: float, until: float, now: float) -> Any:
+    """GPU job runs overlapping the range, with clipped allocated GPU-hours."""
+    j = jobs[(jobs["gpus"] > 0) & jobs["start"].notna()].copy()
+    end = j["end"].fillna(min(now, until))
+    lo = j["start"].clip(lower=since)
+    hi = end.clip(upper=until)
+    j["alloc_s"] = (hi - lo).clip(lower=0.0)
+    j["run_start"] = lo
+    j["run_end"] = hi
+    # Filter last: assigning a Series to an empty frame would grow it back.
+    j = j[(j["alloc_s"] > 0) | ((j["start"] < until) & (end > since))].copy()
+    j["allocated_gpu_hours"] = j["alloc_s"] * j["gpus"] / 3600.0
+    return j
+
+
+def per_job(s: Any) -> Any:
+    """Used/busy/idle/unknown GPU-hours and utilization per job id from samples."""
+    import pandas as pd
+
+    held = s[s["held"]]
+    if held.empty:
+        return pd.DataFrame(columns=["used_gpu_hours", "busy_gpu_hours", "idle_gpu_hours",
+                                     "unknown_gpu_hours", "sampled_gpu_hours",
+                                     "mean_util_pct", "max_util_pct", "max_memory_mib"])
+    g = held.groupby("job_id", observed=True)
+    out = pd.DataFrame({
+        "used_gpu_hours": g["used_h"].sum(), "busy_gpu_hours": g["busy_h"].sum(),
+        "idle_gpu_hours": g["idle_h"].sum(), "unknown_gpu_hours": g["unknown_h"].sum(),
+        "sampled_gpu_hours": g["w_h"].sum(),
+        "max_util_pct": held["utilization_pct"].where(held["known"]).groupby(
+            held["job_id"], observed=True).max(),
+        "max_memory_mib": g["memory_used_mib"].max(),
+    })
+    known_h = out["sampled_gpu_hours"] - out["unknown_gpu_hours"]
+    out["mean_util_pct"] = (100.0 * out["used_gpu_hours"] / known_h).where(known_h > 0)
+    out.index = out.index.astype("int64")
+    return out
+
+
+def _summary(j: Any, pj: Any, key: str) -> Any:
+    import pandas as pd
+
+    if j.empty:
+        return pd.DataFrame(columns=[key, "jobs", "gpus", "allocated_gpu_hours",
+                                     "used_gpu_hours", "busy_gpu_hours", "idle_gpu_hours",
+                                     "unknown_gpu_hours", "unsampled_gpu_hours",
+                                     "utilization_pct"])
+    per = j.groupby("job_id", observed=True).agg(
+        k=(key, "last"), gpus=("gpus", "max"), allocated=("allocated_gpu_hours", "sum"))
+    per = per.join(pj, how="left")
+    g = per.groupby("k", observed=True)
+    out = pd.DataFrame({
+        "jobs": g.size(), "gpus": g["gpus"].sum(), "allocated_gpu_hours": g["allocated"].sum(),
+        "used_gpu_hours": g["used_gpu_hours"].sum(min_count=0),
+        "busy_gpu_hours": g["busy_gpu_hours"].sum(min_count=0),
+        "idle_gpu_hours": g["idle_gpu_hours"].sum(min_count=0),
+        "unknown_gpu_hours": g["unknown_gpu_hours"].sum(min_count=0),
+        "sampled": g["sampled_gpu_hours"].sum(min_count=0),
+    })
+    out["unsampled_gpu_hours"] = (out["allocated_gpu_hours"] - out["sampled"]).clip(lower=0)
+    out["utilization_pct"] = (100 * out["used_gpu_hours"] / out["allocated_gpu_hours"]).where(
+        out["allocated_gpu_hours"] > 0)
+    out = out.drop(columns=["sampled"]).reset_index().rename(columns={"k": key})
+    out[key] = out[key].astype(str)
+    return out.sort_values("allocated_gpu_hours", ascending=False).reset_index(drop=True)
+
+
+def by_gpu_model(j: Any, s: Any, pj: Any) -> Any:
+    import pandas as pd
+
+    out = _summary(j, pj, "gpu_model")
+    # GPU-hours of samples no job held: capacity left free, by the model of the device.
+    free = s[~s["held"] & s["attributed"].fillna(False).astype(bool)]
+    free_h = (free.groupby(free["gpu_model"].astype(str), observed=True)["w_h"].sum()
+              .rename("unallocated_gpu_hours").rename_axis("gpu_model").reset_index())
+    out["gpu_model"] = out["gpu_model"].astype(str)
+    out = out.merge(free_h, how="outer", on="gpu_model")
+    out["unallocated_gpu_hours"] = out["unallocated_gpu_hours"].fillna(0.0)
+    for c in ("jobs", "gpus"):
+        out[c] = out[c].fillna(0).astype("int64")
+    out["allocated_gpu_hours"] = out["allocated_gpu_hours"].fillna(0.0)
+    out = out[out["gpu_model"].astype(str) != ""]
+    return pd.DataFrame(out).sort_values("gpu_model").reset_index(drop=True)
+
+
+def idle_jobs(j: Any, s: Any, pj: Any, usage: Usage) -> Any:
+    import numpy as np
+    import pandas as pd
+
+    cols = ["job_id", "user", "account", "partition", "gpu_model", "gpus", "nodes",
+            "idle_from", "idle_window_s", "max_util_pct", "allocated_gpu_hours",
+            "used_gpu_hours"]
+    if j.empty or s.empty:
+        return pd.DataFrame(columns=cols)
+    last = j.sort_values("run").groupby("job_id").tail(1).set_index("job_id")
+    held = s[s["held"]]
+    held = held[held["job_id"].isin(last.index)]
+    if held.empty:
+        return pd.DataFrame(columns=cols)
+    jid = held["job_id"].astype("int64").to_numpy()
+    start = last["run_start"].reindex(jid).to_numpy()
+    dur = (last["run_end"] - last["run_start"]).reindex(jid).to_numpy()
+    interval = held["interval_s"].to_numpy()
+    win = np.minimum(float(usage.idle_window_s), np.maximum(dur, interval))
+    k = np.floor((held["time"].to_numpy() - start) / win)
+    frame = pd.DataFrame({
+        "job_id": jid, "k": k, "win": win, "interval": interval,
+        "known": held["known"].to_numpy(),
+        "util": held["utilization_pct"].to_numpy(dtype="float64", na_value=np.nan),
+        "mem": held["memory_used_mib"].to_numpy(dtype="float64", na_value=np.nan),
+    })
+    frame = frame[frame["k"] >= 0]
+    g = frame.groupby(["job_id", "k"])
+    w = pd.DataFrame({"n_known": g["known"].sum(), "n": g.size(), "max_util": g["util"].max(),
+                      "max_mem": g["mem"].max(), "win": g["win"].first(),
+                      "interval": g["interval"].median()}).reset_index()
+    gpus = last["gpus"].reindex(w["job_id"].to_numpy()).to_numpy()
+    expected = w["win"] / w["interval"] * gpus
+    ok = ((w["n_known"] == w["n"]) & (w["n_known"] >= usage.min_coverage * expected)
+          & (w["max_util"] < usage.idle_threshold_pct))
+    if usage.idle_memory_mib is not None:
+        ok &= w["max_mem"] < usage.idle_memory_mib
+    hit = w[ok].sort_values(["job_id", "k"]).groupby("job_id").head(1)
+    if hit.empty:
+        return pd.DataFrame(columns=cols)
+    out = last.loc[hit["job_id"].to_numpy()].reset_index()
+    out["idle_from"] = (out["run_start"].to_numpy() + hit["k"].to_numpy() * hit["win"].to_numpy())
+    out["idle_window_s"] = hit["win"].to_numpy()
+    out["max_util_pct"] = hit["max_util"].to_numpy()
+    alloc = j.groupby("job_id")["allocated_gpu_hours"].sum()
+    out["allocated_gpu_hours"] = alloc.reindex(out["job_id"]).to_numpy()
+    out["used_gpu_hours"] = pj["used_gpu_hours"].reindex(out["job_id"]).to_numpy()
+    for c in ("user", "account", "partition", "gpu_model"):
+        out[c] = out[c].astype(str)
+    return out[cols].sort_values("allocated_gpu_hours", ascending=False).reset_index(drop=True)
+
+
+def wait(jobs: Any, since: float, until: float) -> Any:
+    import pandas as pd
+
+    cols = ["wclass", "gpu_model", "jobs", "mean_wait_s", "median_wait_s", "p90_wait_s",
+            "max_wait_s"]
+    j = jobs[jobs["start"].notna() & jobs["eligible"].notna()
+             & (jobs["start"] >= since) & (jobs["start"] < until)].copy()
+    if j.empty:
+        return pd.DataFrame(columns=cols)
+    j["wait_s"] = (j["start"] - j["eligible"]).clip(lower=0)
+    j["gpu_model"] = j["gpu_model"].astype(str).where(j["gpus"] > 0, "none")
+    j["wclass"] = j["wclass"].astype(str)
+    g = j.groupby(["wclass", "gpu_model"], observed=True)["wait_s"]
+    out = pd.DataFrame({"jobs": g.size(), "mean_wait_s": g.mean(), "median_wait_s": g.median(),
+                        "p90_wait_s": g.quantile(0.9), "max_wait_s": g.max()}).reset_index()
+    return out[cols]
+
+
+def fragmentation(s: Any) -> Any:
+    """Free GPUs stranded on partly used nodes, from the samples' snapshots of each node."""
+    import pandas as pd
+
+    cols = ["gpu_model", "free_gpu_hours", "stranded_gpu_hours", "free_on_idle_nodes_gpu_hours",
+            "stranded_share", "mean_stranded_gpus"]
+    a = s[s["attributed"].fillna(False).astype(bool) & s["slurm_index"].notna()]
+    if a.empty:
+        return pd.DataFrame(columns=cols)
+    g = a.groupby(["node", "time"], observed=True)
+    snap = pd.DataFrame({"n": g.size(), "held": g["held"].sum(), "w": g["w_h"].first(),
+                         "model": g["gpu_model"].first()}).reset_index()
+    snap["free"] = snap["n"] - snap["held"]
+    partly = (snap["held"] > 0) & (snap["free"] > 0)
+    snap["free_h"] = snap["free"] * snap["w"]
+    snap["stranded_h"] = snap["free_h"].where(partly, 0.0)
+    snap["idle_node_h"] = snap["free_h"].where(snap["held"] == 0, 0.0)
+    snap["stranded_n"] = snap["free"].where(partly, 0)
+    gm = snap.groupby(snap["model"].astype(str))
+    out = pd.DataFrame({"free_gpu_hours": gm["free_h"].sum(),
+                        "stranded_gpu_hours": gm["stranded_h"].sum(),
+                        "free_on_idle_nodes_gpu_hours": gm["idle_node_h"].sum()})
+    out["stranded_share"] = (out["stranded_gpu_hours"] / out["free_gpu_hours"]).where(
+        out["free_gpu_hours"] > 0)
+    # Snapshots per model: average over distinct times of the total stranded GPUs then.
+    per_time = snap.groupby([snap["model"].astype(str), "time"])["stranded_n"].sum()
+    out["mean_stranded_gpus"] = per_time.groupby(level=0).mean()
+    return out.reset_index().rename(columns={"model": "gpu_model"})[cols]
+
+
+def right_size(j: Any, pj: Any, site: Site | None, usage: Usage) -> Any:
+    import numpy as np
+    import pandas as pd
+
+    cols = ["job_id", "user", "gpu_model", "gpus", "mean_util_pct", "max_memory_mib",
+            "suggested_model", "speed_ratio", "expected_util_pct", "allocated_gpu_hours"]
+    speed = dict(usage.speed) if usage.speed else dict(DEFAULT_SPEED)
+    memory: dict[str, float] = {}
+    if site is not None:
+        for n in site.nodes:
+            if n.gpus and n.gpus[0].memory_mib:
+                memory[n.gpus[0].model] = float(n.gpus[0].memory_mib)
+        models = set(site.gpu_models())
+        speed = {m: v for m, v in speed.items() if m in models}
+    if j.empty or pj.empty or len(speed) < 2:
+        return pd.DataFrame(columns=cols)
+    per = j.groupby("job_id").agg(user=("user", "last"), gpu_model=("gpu_model", "last"),
+                                  gpus=("gpus", "max"),
+                                  allocated_gpu_hours=("allocated_gpu_hours", "sum"))
+    per = per.join(pj[["mean_util_pct", "max_memory_mib"]], how="inner")
+    per["gpu_model"] = per["gpu_model"].astype(str)
+    per = per[per["mean_util_pct"].notna() & per["gpu_model"].isin(list(speed))].copy()
+    own = per["gpu_model"].map(speed).astype(float)
+    per["suggested_model"] = None
+    per["speed_ratio"] = np.nan
+    per["expected_util_pct"] = np.nan
+    # Slowest first: the cheapest model that still keeps the job under the target.
+    for cand, sp in sorted(speed.items(), key=lambda kv: kv[1]):
+        ratio = own / sp
+        expected = per["mean_util_pct"] * ratio
+        mem_ok = per["max_memory_mib"].isna() | (per["max_memory_mib"] <= memory.get(cand, np.inf))
+        ok = (per["suggested_model"].isna() & (sp < own) & mem_ok
+              & (expected <= usage.right_size_target_pct))
+        per.loc[ok, "suggested_model"] = cand
+        per.loc[ok, "speed_ratio"] = ratio[ok]
+        per.loc[ok, "expected_util_pct"] = expected[ok]
+    out = per[per["suggested_model"].notna()].reset_index()
+    out["user"] = out["user"].astype(str)
+    return out[cols].sort_values("allocated_gpu_hours", ascending=False).reset_index(drop=True)
+
+
+_LOCALITY_RE = re.compile(r"locality=([A-Za-z0-9_-]+)")
+
+
+def _island_stats(site: Site | None, node: str, idx_text: str) -> tuple[int, int, str | None]:
+    """(islands used, fewest islands that could hold them, leaf switch) of one node."""
+    from hetslurm.metrics.samples import parse_index_list
+
+    if site is None:
+        return 0, 0, None
+    try:
+        spec = site.node(node)
+    except KeyError:
+        return 0, 0, None
+    idx = parse_index_list(idx_text)
+    if not spec.gpus or not idx:
+        return 0, 0, spec.leaf_switch
+    sizes: dict[int, int] = {}
+    for d in spec.gpus:
+        sizes[d.island] = sizes.get(d.island, 0) + 1
+    used = {spec.gpus[i].island for i in idx if i < len(spec.gpus)}
+    return len(used), math.ceil(len(idx) / max(sizes.values())), spec.leaf_switch
+
+
+def placement(j: Any, s: Any, site: Site | None) -> tuple[Any, Any]:
+    """Multi-GPU jobs: NVLink islands and leaf switches used; and the hook's asks met?"""
+    import pandas as pd
+
+    from hetslurm.slurm.units import expand_hostlist
+
+    pcols = ["job_id", "gpus", "nodes", "gpu_indices", "islands_used", "min_islands",
+             "split_across_islands", "leaf_switches", "crosses_switches"]
+    hcols = ["job_id", "asked_models", "got_model", "model_met", "asked_locality",
+             "locality_met"]
+    if j.empty:
+        return pd.DataFrame(columns=pcols), pd.DataFrame(columns=hcols)
+    last = j.sort_values("run").groupby("job_id").tail(1).set_index("job_id")
+    held = s[s["held"]]
+    pairs = (held.groupby(["job_id", "node"], observed=True)["job_gpus"].first()
+             .astype(str).reset_index()) if not held.empty else pd.DataFrame(
+        columns=["job_id", "node", "job_gpus"])
+    pairs["job_id"] = pairs["job_id"].astype("int64")
+    pairs["node"] = pairs["node"].astype(str)
+    cache: dict[tuple[str, str], tuple[int, int, str | None]] = {}
+    stats = []
+    for node, idx in zip(pairs["node"], pairs["job_gpus"], strict=True):
+        key = (node, idx)
+        if key not in cache:
+            cache[key] = _island_stats(site, node, idx)
+        stats.append(cache[key])
+    pairs["islands_used"] = [x[0] for x in stats]
+    pairs["min_islands"] = [x[1] for x in stats]
+    pairs["text"] = pairs["node"] + ":" + pairs["job_gpus"]
+    g = pairs.groupby("job_id")
+    text = g["text"].first()
+    multi_node = pairs["job_id"].duplicated(keep=False)
+    if multi_node.any():  # the Python join only for the few jobs on several nodes
+        text.update(pairs[multi_node].groupby("job_id")["text"].agg(" ".join))
+    per = pd.DataFrame({"islands_used": g["islands_used"].sum(),
+                        "min_islands": g["min_islands"].sum(), "gpu_indices": text})
+    multi = last[last["gpus"] > 1].join(per, how="left")
+    leaf_cache: dict[str, int] = {}
+
+    def leaves(nodes: str) -> int:
+        if nodes not in leaf_cache:
+            found = set()
+            for n in expand_hostlist(nodes) if nodes else ():
+                found.add(_island_stats(site, n, "")[2])
+            found.discard(None)
+            leaf_cache[nodes] = len(found)
+        return leaf_cache[nodes]
+
+    out = pd.DataFrame({
+        "job_id": multi.index.astype("int64"), "gpus": multi["gpus"].to_numpy(),
+        "nodes": multi["nodes"].to_numpy(),
+        "gpu_indices": multi["gpu_indices"].fillna("").to_numpy(),
+        "islands_used": multi["islands_used"].fillna(0).astype("int64").to_numpy(),
+        "min_islands": multi["min_islands"].fillna(0).astype("int64").to_numpy(),
+    })
+    out["split_across_islands"] = (out["gpu_indices"] != "") & (
+        out["islands_used"] > out["min_islands"])
+    out["leaf_switches"] = [leaves(n) for n in out["nodes"]]
+    out["crosses_switches"] = out["leaf_switches"] > 1
+    # The hook's decisions: models asked through an OR of features, locality through the
+    # admin comment it writes; compared with what Slurm gave.
+    models = set(site.gpu_models()) if site is not None else None
+    ask_cache: dict[str, str] = {}
+
+    def asked(c: str) -> str:
+        if c not in ask_cache:
+            ask_cache[c] = "|".join(m for m in re.split(r"[|&,]", c)
+                                    if m and (models is None or m in models))
+        return ask_cache[c]
+
+    h = last[["constraints", "admin_comment", "comment", "gpu_model", "gpus"]].copy()
+    h["asked_models"] = [asked(str(c)) for c in h["constraints"]]
+    h["asked_locality"] = (h["admin_comment"].astype(str) + " " + h["comment"].astype(str)
+                           ).str.extract(_LOCALITY_RE.pattern, expand=False).fillna("")
+    h = h[(h["asked_models"] != "") | (h["asked_locality"] != "")]
+    got = h["gpu_model"].astype(str)
+    h["got_model"] = got
+    h["model_met"] = [(g in a.split("|")) if a else None
+                      for g, a in zip(got, h["asked_models"], strict=True)]
+    split = out.set_index("job_id")["split_across_islands"]
+    met: list[bool | None] = []
+    for jid, loc, nodes, gp in zip(h.index, h["asked_locality"], last.loc[h.index, "nodes"],
+                                   h["gpus"], strict=True):
+        if loc == "nvlink" and gp > 1 and jid in split.index and per["gpu_indices"].get(jid):
+            met.append(bool(not split[jid] and len(expand_hostlist(nodes)) == 1))
+        else:
+            met.append(None)
+    h["locality_met"] = met
+    hook = h.reset_index()[hcols]
+    return out[pcols], hook
+
+
+def audit(jobs: Any, samples: Any, site: Site | None, *, since: float, until: float,
+          now: float, usage: Usage | None = None) -> AuditResult:
+    """Compute every table of :data:`TABLES` for ``[since, until)``."""
+    usage = usage or (site.sections.get("usage") if site is not None else None) or Usage()
+    s = prepare_samples(samples, usage, since, until)
+    j = prepare_jobs(jobs, since, until, now)
+    pj = per_job(s)
+    tables: dict[str, Any] = {"by_gpu_model": by_gpu_model(j, s, pj)}
+    for key, name in (("partition", "by_partition"), ("account", "by_account"),
+                      ("user", "by_user"), ("wclass", "by_class")):
+        tables[name] = _summary(j, pj, key)
+    tables["by_class"] = tables["by_class"].rename(columns={"wclass": "class"})
+    tables["idle_jobs"] = idle_jobs(j, s, pj, usage)
+    tables["wait"] = wait(jobs, since, until).rename(columns={"wclass": "class"})
+    tables["fragmentation"] = fragmentation(s)
+    tables["right_size"] = right_size(j, pj, site, usage)
+    tables["placement"], tables["hook_decisions"] = placement(j, s, site)
+    held_ids = set(s.loc[s["held"], "job_id"].astype("int64").unique()) if len(s) else set()
+    meta: dict[str, Any] = {
+        "since": since, "until": until, "jobs": len(j), "samples": len(s),
+        "unknown_samples": int((~s["known"]).sum()) if len(s) else 0,
+        "unattributed_samples": int((~s["attributed"].fillna(False).astype(bool)).sum())
+        if len(s) else 0,
+        "clock_jump_samples": int(s["clock_jump"].fillna(False).astype(bool).sum())
+        if len(s) else 0,
+        "samples_of_jobs_not_in_sacct": len(held_ids - set(j["job_id"].tolist())),
+        "usage": usage.model_dump(),
+        "partial": False, "problems": [],
+    }
+    if meta["clock_jump_samples"]:
+        meta["problems"].append(f"{meta['clock_jump_samples']} samples were taken across a "
+                                "clock jump; their times may be off")
+    if j.empty and s.empty:
+        meta["problems"].append("no jobs and no samples in the range")
+    return AuditResult(tables, meta)

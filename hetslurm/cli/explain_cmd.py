@@ -1,0 +1,82 @@
+"""``hetslurm explain``: run the hook on a job script in-process and show the rewrite."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hetslurm.cli.output import emit, format_option
+
+
+@click.command("explain")
+@click.argument("script", metavar="JOB_SCRIPT", required=False,
+                type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--site", "site_file", type=click.Path(dir_okay=False), default=None,
+              help="Site file [default: $HETSLURM_SITE or site-configs/demo.toml].")
+@click.option("--hook", "hook_file", type=click.Path(dir_okay=False), default=None,
+              help="Run this installed job_submit.lua instead of rendering one for --site.")
+@click.option("--comment", default=None, help="Job comment, e.g. 'het: gpus=2' (srun/salloc).")
+@click.option("-p", "--partition", default=None, help="As sbatch --partition.")
+@click.option("-q", "--qos", default=None, help="As sbatch --qos.")
+@click.option("-C", "--constraint", default=None, help="As sbatch --constraint.")
+@click.option("--gres", default=None, help="As sbatch --gres (e.g. gpu:2).")
+@click.option("-G", "--gpus", default=None, help="As sbatch --gpus (e.g. a100:2).")
+@click.option("--gpus-per-task", default=None, help="As sbatch --gpus-per-task.")
+@click.option("-N", "--nodes", type=int, default=None, help="As sbatch --nodes.")
+@click.option("--mem", default=None, help="As sbatch --mem (e.g. 16G).")
+@click.option("--user", default="root", show_default=True, help="Submitting user's name.")
+@click.option("--state", default=None,
+              help="Place against 'live' Slurm state or a `hetslurm state dump` file "
+                   "[default: the empty cluster].")
+@format_option
+def explain_cmd(script: str | None, site_file: str | None, hook_file: str | None,
+                comment: str | None, partition: str | None, qos: str | None,
+                constraint: str | None, gres: str | None, gpus: str | None,
+                gpus_per_task: str | None, nodes: int | None, mem: str | None, user: str,
+                state: str | None, output_format: str) -> None:
+    """Show what the job_submit hook would do to JOB_SCRIPT, and where it would run now.
+
+    Runs the same job_submit.lua slurmctld runs, in-process (Lua 5.1 through lupa), with a
+    strict stand-in for Slurm 22.05's plugin: fields the hook writes, the messages the user
+    would see, the decision record, and `hetslurm place`'s answer for the request. Without
+    JOB_SCRIPT it explains an srun/salloc job (give --comment 'het: ...'). #SBATCH lines of
+    the script count as the options above; options given here win.
+    """
+    from hetslurm.hook.explain import JobOptions, explain
+    from hetslurm.site import load_site
+    from hetslurm.testbed.cluster import default_site
+
+    text: str | None = None
+    if script == "-":
+        text = sys.stdin.read()
+    elif script:
+        text = Path(script).read_text(errors="surrogateescape")
+    site = load_site(site_file or default_site())
+    opts = JobOptions(partition=partition, qos=qos, constraint=constraint, gres=gres,
+                      gpus=gpus, gpus_per_task=gpus_per_task, nodes=nodes, mem=mem,
+                      comment=comment, user=user)
+    hook_text = Path(hook_file).read_text() if hook_file else None
+    ex = explain(text, site, opts, hook_text=hook_text, state=state)
+    doc = ex.to_dict()
+    if output_format == "json":
+        emit([], "json", document=doc)
+        return
+    rows: list[dict[str, Any]] = [{"what": "outcome", "value": ex.outcome}]
+    rows += [{"what": "message", "value": m} for m in ex.messages]
+    rows += [{"what": f"set {f}", "value": v} for f, v in ex.writes]
+    p = ex.placement
+    if p is not None:
+        rows.append({"what": "place: nodelist" if p.get("placeable") else "place: cannot",
+                     "value": p.get("nodelist") or p.get("blocking") or ""})
+        rows.append({"what": "place: why", "value": p.get("reason", "")})
+    if ex.placement_note:
+        rows.append({"what": "placement note", "value": ex.placement_note})
+    emit(rows, output_format, title=f"hook {ex.hook.get('build', '?')} on "
+         f"{script or 'srun/salloc'}", document=doc)
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(explain_cmd)

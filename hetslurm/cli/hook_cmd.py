@@ -1,0 +1,143 @@
+"""``hetslurm hook``: render, install, check and switch off the job_submit hook."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from hetslurm.cli.output import emit, format_option
+
+SITE_OPT = click.option("--site", "site_file", required=True, type=click.Path(dir_okay=False),
+                        help="Site file (its [hook] section and [classes]).")
+DIR_OPT = click.option("--dir", "conf_dir", type=click.Path(file_okay=False), default=None,
+                       help="Folder of slurm.conf [default: the folder of $SLURM_CONF].")
+MODE_OPT = click.option("--mode", type=click.Choice(["enforce", "shadow", "off"]), default=None,
+                        help="Override the site's [hook] mode.")
+
+
+def _conf_dir(conf_dir: str | None) -> Path:
+    if conf_dir:
+        return Path(conf_dir)
+    if os.environ.get("SLURM_CONF"):
+        return Path(os.environ["SLURM_CONF"]).parent
+    raise click.UsageError("give --dir or set SLURM_CONF")
+
+
+def _read(path: str | None) -> str | None:
+    return Path(path).read_text() if path else None
+
+
+@click.group()
+def hook() -> None:
+    """The job_submit hook: #HET directives rewritten into Slurm-native fields.
+
+    The hook is one job_submit.lua rendered from the site file (docs/hook.md); it is
+    validated in Lua 5.1 before it is written, and slurmctld reloads it by itself.
+    """
+
+
+@hook.command("render")
+@SITE_OPT
+@MODE_OPT
+@click.option("--rules", "rules_only", is_flag=True, help="Print the rules table as JSON.")
+@click.option("--chain-before", type=click.Path(dir_okay=False), default=None,
+              help="A site's existing job_submit.lua to run before hetslurm's logic.")
+@click.option("--chain-after", type=click.Path(dir_okay=False), default=None,
+              help="A site's existing job_submit.lua to run after hetslurm's logic.")
+def render_cmd(site_file: str, mode: str | None, rules_only: bool, chain_before: str | None,
+               chain_after: str | None) -> None:
+    """Print the rendered job_submit.lua (or, with --rules, its rules) to stdout."""
+    from hetslurm.hook.render import render_hook
+    from hetslurm.site import load_site
+    from hetslurm.site.hook_rules import hook_rules
+
+    site = load_site(site_file)
+    if rules_only:
+        sys.stdout.write(json.dumps(hook_rules(site), indent=2, default=str) + "\n")
+        return
+    sys.stdout.write(render_hook(site, mode=mode, chain_before=_read(chain_before),
+                                 chain_after=_read(chain_after)).text)
+
+
+@hook.command("install")
+@SITE_OPT
+@DIR_OPT
+@MODE_OPT
+@click.option("--chain-before", type=click.Path(dir_okay=False), default=None,
+              help="A site's existing job_submit.lua to run before hetslurm's logic.")
+@click.option("--chain-after", type=click.Path(dir_okay=False), default=None,
+              help="A site's existing job_submit.lua to run after hetslurm's logic.")
+@format_option
+def install_cmd(site_file: str, conf_dir: str | None, mode: str | None,
+                chain_before: str | None, chain_after: str | None, output_format: str) -> None:
+    """Render, validate in Lua 5.1 and atomically install job_submit.lua into --dir.
+
+    Nothing is written when the rendered file does not load or fails a smoke job; the new
+    file gets a modification time later than any load the controller may have done, so
+    slurmctld reloads it at the next submission. slurm.conf needs JobSubmitPlugins=lua.
+    """
+    from hetslurm.hook.install import install_hook
+    from hetslurm.site import load_site
+
+    res = install_hook(load_site(site_file), _conf_dir(conf_dir), mode=mode,
+                       chain_before=_read(chain_before), chain_after=_read(chain_after))
+    d = res.to_dict()
+    emit([d], output_format, title="hook installed" if res.changed else "hook unchanged",
+         document=d)
+
+
+@hook.command("check")
+@DIR_OPT
+@click.option("--log", "log_file", type=click.Path(dir_okay=False), default=None,
+              help="slurmctld.log [default: SlurmctldLogFile from slurm.conf in --dir].")
+@format_option
+def check_cmd(conf_dir: str | None, log_file: str | None, output_format: str) -> None:
+    """Report the installed hook (build, rules, mode, whether it loads) and the one the
+    controller last loaded, from slurmctld.log.
+
+    Exits 1 when the installed file does not load in Lua 5.1.
+    """
+    from hetslurm.hook.install import check_hook
+
+    folder = _conf_dir(conf_dir)
+    log = log_file or _ctld_log(folder)
+    res = check_hook(folder, log)
+    emit([{k: v for k, v in res.items() if k != "load_errors_since"}], output_format,
+         title="hook", document=res)
+    if res.get("installed") and not res.get("loads"):
+        sys.exit(1)
+
+
+def _ctld_log(folder: Path) -> str | None:
+    conf = folder / "slurm.conf"
+    if not conf.exists():
+        return None
+    for line in conf.read_text(errors="replace").splitlines():
+        if line.strip().lower().startswith("slurmctldlogfile="):
+            return line.split("=", 1)[1].strip()
+    return None
+
+
+@hook.command("disable")
+@DIR_OPT
+@click.option("--mode", type=click.Choice(["off", "shadow", "enforce"]), default="off",
+              show_default=True, help="The mode to switch the installed hook to.")
+@format_option
+def disable_cmd(conf_dir: str | None, mode: str, output_format: str) -> None:
+    """The kill switch: switch the installed hook to --mode (off: jobs pass unchanged).
+
+    Rewrites only the MODE line of the installed file (validated and installed like
+    `hook install`); slurmctld picks it up at the next submission.
+    """
+    from hetslurm.hook.install import set_installed_mode
+
+    d = set_installed_mode(_conf_dir(conf_dir), mode).to_dict()
+    emit([d], output_format, title=f"hook mode {mode}", document=d)
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(hook)

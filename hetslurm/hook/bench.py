@@ -1,0 +1,219 @@
+"""``hetslurm bench hook``: what the hook costs, in-process and inside slurmctld.
+
+In-process: the rendered job_submit.lua in lupa's Lua 5.1 (the controller's language version),
+each call timed from Python around ``slurm_job_submit`` (so the figure includes lupa's call
+overhead, a little more than the controller pays). Typical jobs are short scripts with and
+without #HET lines; adversarial ones are the corpus's worst: 4 MB headers, 100,000 directive
+lines, 64 KiB lines, requests at the 1024-byte bound.
+
+On the testbed (a fresh one in a temporary folder): slurmctld's own mean time per
+``REQUEST_SUBMIT_BATCH_JOB`` from ``sdiag`` for the same job submitted two ways: a ``#HET``
+script with the hook enforcing, and the equivalent sbatch options (``--gres=gpu:2
+--constraint=h100|a100 --partition=gpu``) with the hook switched off (``mode = "off"``: the
+plugin still calls the script, which returns at once). So both sides make slurmctld validate
+the same job and the ratio is the hook's own cost. Queue depths of 0, 1,000 and 5,000 held
+jobs, alternating with/without in repeated rounds.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from hetslurm.hook.install import set_installed_mode
+from hetslurm.hook.render import render_hook
+from hetslurm.hook.standin import HookRuntime
+from hetslurm.site import load_site
+from hetslurm.slurm.run import run_command
+
+_SDIAG_SUBMIT = re.compile(r"REQUEST_SUBMIT_BATCH_JOB\s*\(\s*\d+\)\s*count:(\d+)\s*ave_time:(\d+)")
+
+TYPICAL = (
+    "#!/bin/bash\n#SBATCH -t 10\n#SBATCH -J train\n#HET gpus=2 class=train\nsrun python t.py\n",
+    "#!/bin/bash\n#SBATCH -t 10\n#HET gpus=4 gpu-type=h100|a100 locality=nvlink:required\n"
+    "srun ./a.out\n",
+    "#!/bin/bash\n#SBATCH -t 10\n#HET class=io cores=4 mem=8G no-requeue\n./prep.sh\n",
+    "#!/bin/bash\n#SBATCH -t 10\n#HET fpga=u280:1 class=stream\n./kernel\n",
+    "#!/bin/bash\n#SBATCH -t 10\n#SBATCH -N 1\n# no directives at all\nsrun hostname\n",
+    "#!/bin/bash\n#HET nodes=2 gpus=8 locality=switch switch-wait=5m priority=low\nsrun x\n",
+)
+
+
+def adversarial_scripts() -> dict[str, str]:
+    filler = "#" + "z" * 1022 + "\n"
+    return {
+        "header_4mb": "#!/bin/sh\n" + filler * 4090 + "#HET gpus=4\ntrue\n",
+        "body_4mb": "#!/bin/sh\n#HET class=io\n" + ("echo " + "b" * 1018 + "\n") * 4090,
+        "directives_100k": "#!/bin/sh\n" + "#HET energy=normal\n" * 100_000 + "true\n",
+        "empty_directives_100k": "#!/bin/sh\n" + "#HET\n" * 100_000 + "true\n",
+        "sbatch_lines_100k": "#!/bin/sh\n" + "#SBATCH --comment=x\n" * 100_000 + "#HET gpus=2\n",
+        "line_64k": "#!/bin/sh\n#HET " + "gpus=1 " * 9362 + "\ntrue\n",
+        "request_1024_bytes": "#!/bin/sh\n#HET gpu-type=" + "|".join(
+            f"m{i:03d}" for i in range(16)) + " " + "x" * 900 + "\n",
+        "thirty_two_errors": "#!/bin/sh\n" + "".join(
+            f"#HET {k}=1\n" for k in ["nodes", "gpus", "cores", "energy"] * 8),
+    }
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def bench_in_process(site_path: str | Path, calls: int = 20_000) -> dict[str, Any]:
+    """p50/p99 of a typical call and the slowest adversarial call, in-process."""
+    site = load_site(site_path)
+    rt = HookRuntime(render_hook(site).text)
+    # A fresh job description per call (the hook writes into the one it gets), built in small
+    # batches outside the timing: thousands of live stand-ins would make Lua's collector
+    # traverse a heap the controller does not have.
+    for text in TYPICAL:  # warm up
+        rt.submit_raw(rt.job({"script": text, "user_name": "root"}))
+    times: list[float] = []
+    clock = time.perf_counter_ns
+    batch = 200
+    # Python's own garbage collector is not the controller's cost: keep it out of the timing.
+    gc.collect()
+    gc.disable()
+    try:
+        done = 0
+        while done < calls:
+            jobs = [rt.job({"script": TYPICAL[(done + i) % len(TYPICAL)], "user_name": "root"})
+                    for i in range(min(batch, calls - done))]
+            for job in jobs:
+                t0 = clock()
+                rt.submit_raw(job)
+                times.append((clock() - t0) / 1000.0)
+            done += len(jobs)
+            del jobs
+    finally:
+        gc.enable()
+    adversarial: dict[str, float] = {}
+    for name, text in adversarial_scripts().items():
+        best = []
+        for _ in range(3):
+            job = rt.job({"script": text, "user_name": "root"})
+            t0 = clock()
+            rt.submit_raw(job)
+            best.append((clock() - t0) / 1e6)
+        adversarial[name] = round(max(best), 3)
+    return {
+        "typical_calls": calls,
+        "typical_p50_us": round(_percentile(times, 0.50), 1),
+        "typical_p99_us": round(_percentile(times, 0.99), 1),
+        "typical_mean_us": round(statistics.fmean(times), 1),
+        "adversarial_max_ms": max(adversarial.values()),
+        "adversarial_ms": adversarial,
+    }
+
+
+def _sdiag_submit(env: dict[str, str]) -> tuple[int, int]:
+    out = run_command(["sdiag"], timeout=30, env=env).stdout
+    m = _SDIAG_SUBMIT.search(out)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def _pending(env: dict[str, str]) -> int:
+    out = run_command(["squeue", "-h", "-t", "PD", "-o", "%i"], timeout=60, env=env).stdout
+    return len(out.split())
+
+
+def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 5000),
+                  jobs_per_round: int = 100, rounds: int = 3,
+                  log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """slurmctld's mean submit time with/without the hook at each queue depth."""
+    from hetslurm.testbed.cluster import Testbed
+
+    say = log or (lambda _m: None)
+    site_file = Path(site_path)
+    root = Path(tempfile.mkdtemp(prefix="hsh-", dir="/tmp"))
+    tb = Testbed(root)
+    results: list[dict[str, Any]] = []
+    try:
+        tb.up(site_file)
+        env = tb.env()
+        script = root / "job.sh"
+        script.write_text(TYPICAL[0])
+        # The same job without the hook: the options the hook would have written, given to
+        # sbatch directly, so both sides make slurmctld validate the same gres, features and
+        # partition and the difference is the hook's own cost.
+        plain = root / "plain.sh"
+        plain.write_text(TYPICAL[0].replace("#HET gpus=2 class=train\n", ""))
+        equivalent = ["--gres=gpu:2", "--constraint=h100|a100", "--partition=gpu"]
+        filler = root / "filler.sh"
+        filler.write_text("#!/bin/sh\ntrue\n")
+
+        def submit(path: Path, *args: str) -> None:
+            run_command(["sbatch", "--hold", "--parsable", "-o", "/dev/null", *args, str(path)],
+                        timeout=60, env=env)
+
+        def measure(mode: str) -> int:
+            res = set_installed_mode(tb.etc, mode)
+            # install sets an mtime up to 2 s ahead (docs/hook.md); until the clock passes it
+            # slurmctld reloads the script at every submission. Wait, then let it load once.
+            while time.time() < res.mtime + 1.05:
+                time.sleep(0.1)
+            args = [] if mode == "enforce" else equivalent
+            path = script if mode == "enforce" else plain
+            submit(path, *args)
+            run_command(["sdiag", "-r"], timeout=30, env=env)
+            for _ in range(jobs_per_round):
+                submit(path, *args)
+            count, ave = _sdiag_submit(env)
+            if count < jobs_per_round:
+                raise RuntimeError(f"sdiag counted {count} submissions, expected "
+                                   f"{jobs_per_round}")
+            return ave
+
+        for depth in depths:
+            missing = depth - _pending(env)
+            if missing > 0:
+                say(f"building a queue of {depth} held jobs")
+                set_installed_mode(tb.etc, "off")
+                with ThreadPoolExecutor(max_workers=4) as pool:
+                    list(pool.map(lambda _i: submit(filler), range(missing)))
+            pending = _pending(env)
+            with_us: list[int] = []
+            without_us: list[int] = []
+            for r in range(rounds):
+                order = ("enforce", "off") if r % 2 == 0 else ("off", "enforce")
+                for mode in order:
+                    ave = measure(mode)
+                    (with_us if mode == "enforce" else without_us).append(ave)
+            w = statistics.median(with_us)
+            wo = statistics.median(without_us)
+            results.append({
+                "pending": pending,
+                "with_hook_us": w,
+                "without_hook_us": wo,
+                "ratio": round(w / wo, 3) if wo else None,
+                "with_rounds_us": with_us,
+                "without_rounds_us": without_us,
+            })
+            say(f"depth {pending}: with {w} us, without {wo} us")
+    finally:
+        if tb.running().get("slurmctld") or tb.running().get("munged"):
+            tb.down()
+        shutil.rmtree(root, ignore_errors=True)
+    return results
+
+
+def bench_hook(site_path: str | Path, *, calls: int = 20_000, testbed: bool = True,
+               depths: tuple[int, ...] = (0, 1000, 5000), jobs_per_round: int = 100,
+               rounds: int = 3, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The whole benchmark as one JSON-able document (see docs/hook.md)."""
+    out: dict[str, Any] = {"site": str(site_path)}
+    out.update(bench_in_process(site_path, calls))
+    out["depths"] = (bench_testbed(site_path, depths, jobs_per_round, rounds, log)
+                     if testbed else [])
+    out["targets"] = {"typical_p99_us": 100, "adversarial_max_ms": 50, "ratio_at_depth_0": 1.1}
+    return out

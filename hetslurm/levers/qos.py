@@ -1,0 +1,238 @@
+"""QOS records the site asks for, compared with slurmdbd's and synced through sacctmgr.
+
+Only the QOS named in ``[levers.qos]`` are touched, and only the fields hetslurm manages
+(priority, usage factor, per-user and per-job TRES limits, jobs per user, wall time); other
+QOS and other fields stay as the admin left them. Every sacctmgr call goes through
+:func:`hetslurm.slurm.run.run_command` with a timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hetslurm.levers.rollout import Change, Plan
+from hetslurm.site import Site
+from hetslurm.site import levers as site_levers
+from hetslurm.slurm import QosInfo, units
+from hetslurm.slurm.run import run_command
+
+SACCTMGR_TIMEOUT_S = 60.0
+
+#: Managed fields: name in hetslurm -> sacctmgr keyword.
+FIELDS = {
+    "priority": "Priority",
+    "usage_factor": "UsageFactor",
+    "max_tres_per_user": "MaxTRESPerUser",
+    "max_tres_per_job": "MaxTRESPerJob",
+    "max_jobs_per_user": "MaxJobsPerUser",
+    "max_wall": "MaxWall",
+}
+
+
+@dataclass(frozen=True)
+class QosState:
+    """The managed fields of one QOS in comparable form (JSON-safe for backups)."""
+
+    priority: int = 0
+    usage_factor: float = 1.0
+    max_tres_per_user: Mapping[str, int] | None = None
+    max_tres_per_job: Mapping[str, int] | None = None
+    max_jobs_per_user: int | None = None
+    max_wall: int | None = None  # seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> QosState:
+        return cls(**{k: d[k] for k in FIELDS if k in d})
+
+
+def wanted(site: Site) -> dict[str, QosState]:
+    out = {}
+    for name, q in site_levers.qos_records(site).items():
+        wall = units.time_seconds(q.max_wall) if q.max_wall else None
+        out[name] = QosState(
+            priority=q.priority,
+            usage_factor=float(q.usage_factor) if q.usage_factor is not None else 1.0,
+            max_tres_per_user=site_levers.qos_tres(site, q.max_tres_per_user),
+            max_tres_per_job=site_levers.qos_tres(site, q.max_tres_per_job),
+            max_jobs_per_user=q.max_jobs_per_user,
+            max_wall=wall if isinstance(wall, int) else None,
+        )
+    return out
+
+
+def live_state(info: QosInfo) -> QosState:
+    wall = info.max_wall
+    return QosState(
+        priority=info.priority,
+        usage_factor=info.usage_factor,
+        max_tres_per_user=dict(sorted(info.max_tres_per_user.items())),
+        max_tres_per_job=dict(sorted(info.max_tres_per_job.items())),
+        max_jobs_per_user=info.max_jobs_per_user,
+        max_wall=wall if isinstance(wall, int) else None,
+    )
+
+
+def _show(field: str, value: Any) -> str:
+    if isinstance(value, Mapping):
+        return ",".join(f"{k}={v}" for k, v in value.items()) or "none"
+    if field == "max_wall" and isinstance(value, int):
+        return units.format_time(value)
+    return "none" if value is None else str(value)
+
+
+def _describe(state: QosState) -> str:
+    return " ".join(f"{FIELDS[f]}={_show(f, getattr(state, f))}" for f in FIELDS)
+
+
+def differing(want: QosState, have: QosState) -> list[str]:
+    return [f for f in FIELDS if _norm(getattr(want, f)) != _norm(getattr(have, f))]
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, v) for k, v in value.items()))
+    if isinstance(value, float):
+        return round(value, 6)
+    return value
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A QOS one association may use: an account's, or a user's in ``account``."""
+
+    qos: str
+    kind: str  # "user" | "account"
+    name: str
+    account: str = ""
+
+
+def wanted_grants(site: Site) -> list[Grant]:
+    out = []
+    for name, q in site_levers.qos_records(site).items():
+        out += [Grant(name, "account", a) for a in q.accounts]
+        out += [Grant(name, "user", u) for u in q.users]
+    return out
+
+
+Assoc = Mapping[tuple[str, str, str], set[str]]
+
+
+def missing_grants(site: Site, assoc_qos: Assoc) -> list[Grant]:
+    """Grants to add, one per association that lacks the QOS (a user named in ``users``
+    gets it in each of its accounts; a user without an association gets nothing)."""
+    out = []
+    for g in wanted_grants(site):
+        for (kind, name, account), have in sorted(assoc_qos.items()):
+            if kind == g.kind and name == g.name and g.qos not in have:
+                out.append(Grant(g.qos, kind, name, account if kind == "user" else ""))
+    return out
+
+
+def plan(site: Site, live: Sequence[QosInfo], assoc_qos: Assoc) -> Plan:
+    """QOS changes: records to add or modify, grants to add.
+
+    Args:
+        assoc_qos: ``(kind, name, account) -> QOS the association may use`` from
+            :meth:`Sacctmgr.association_qos` (kind ``user`` or ``account``).
+    """
+    have = {q.name: live_state(q) for q in live}
+    changes = []
+    for name, want in wanted(site).items():
+        if name not in have:
+            changes.append(Change("qos", f"qos {name}", None, _describe(want), "sacctmgr",
+                                  "sacctmgr add qos"))
+            continue
+        fields = differing(want, have[name])
+        if fields:
+            changes.append(Change(
+                "qos", f"qos {name}",
+                " ".join(f"{FIELDS[f]}={_show(f, getattr(have[name], f))}" for f in fields),
+                " ".join(f"{FIELDS[f]}={_show(f, getattr(want, f))}" for f in fields),
+                "sacctmgr", "sacctmgr modify qos"))
+    for g in missing_grants(site, assoc_qos):
+        where = f" in account {g.account}" if g.account else ""
+        changes.append(Change("qos", f"qos {g.qos} for {g.kind} {g.name}{where}", None,
+                              f"qos+={g.qos}", "sacctmgr", f"sacctmgr modify {g.kind}"))
+    return Plan(tuple(changes))
+
+
+# ---------------------------------------------------------------- sacctmgr
+def _tres_arg(want: Mapping[str, int] | None, have: Mapping[str, int] | None) -> str:
+    """A TRES limit list that also clears limits no longer wanted (``=-1``)."""
+    want = want or {}
+    parts = [f"{k}={v}" for k, v in want.items()]
+    parts += [f"{k}=-1" for k in (have or {}) if k not in want]
+    return ",".join(parts)
+
+
+def set_args(want: QosState, have: QosState | None) -> list[str]:
+    """``Key=Value`` arguments that turn ``have`` (None: a new QOS) into ``want``."""
+    args = []
+    for f in FIELDS if have is None else differing(want, have):
+        value = getattr(want, f)
+        if f in ("max_tres_per_user", "max_tres_per_job"):
+            arg = _tres_arg(value, getattr(have, f) if have else None)
+            if arg:
+                args.append(f"{FIELDS[f]}={arg}")
+        elif value is None:
+            if have is not None:
+                args.append(f"{FIELDS[f]}=-1")
+        elif f == "max_wall":
+            args.append(f"{FIELDS[f]}={units.format_time(value)}")
+        else:
+            args.append(f"{FIELDS[f]}={value}")
+    return args
+
+
+class Sacctmgr:
+    """sacctmgr against one cluster's slurmdbd (``env`` carries ``SLURM_CONF``)."""
+
+    def __init__(self, env: Mapping[str, str] | None, cluster: str) -> None:
+        self.env = env
+        self.cluster = cluster
+
+    def run(self, *args: str) -> str:
+        return run_command(["sacctmgr", "-i", "-n", "-P", *args], timeout=SACCTMGR_TIMEOUT_S,
+                           env=self.env).stdout
+
+    def association_qos(self) -> dict[tuple[str, str, str], set[str]]:
+        """QOS each association of the cluster may use, keyed ``(kind, name, account)``."""
+        out: dict[tuple[str, str, str], set[str]] = {}
+        text = run_command(["sacctmgr", "-n", "-P", "show", "assoc", f"cluster={self.cluster}",
+                            "format=account,user,qos"], timeout=SACCTMGR_TIMEOUT_S,
+                           env=self.env).stdout
+        for line in text.splitlines():
+            parts = line.split("|")
+            if len(parts) < 3:
+                continue
+            account, user, qos = parts[0], parts[1], {q for q in parts[2].split(",") if q}
+            if user:
+                out[("user", user, account)] = qos
+            else:
+                out[("account", account, "")] = qos
+        return out
+
+    def add_or_modify(self, name: str, want: QosState, have: QosState | None,
+                      description: str = "") -> None:
+        if have is None:
+            desc = [f"Description={description}"] if description else []
+            self.run("add", "qos", name, *set_args(want, None), *desc)
+        else:
+            args = set_args(want, have)
+            if args:
+                self.run("modify", "qos", "where", f"name={name}", "set", *args)
+
+    def delete(self, name: str) -> None:
+        self.run("delete", "qos", "where", f"name={name}")
+
+    def grant(self, g: Grant, revoke: bool = False) -> None:
+        op = "-=" if revoke else "+="
+        where = [f"name={g.name}", f"cluster={self.cluster}"]
+        if g.account:
+            where.append(f"account={g.account}")
+        self.run("modify", g.kind, "where", *where, "set", f"qos{op}{g.qos}")

@@ -1,0 +1,291 @@
+"""The node collector: read NVML, attribute every GPU to the job holding it, store samples.
+
+Attribution never goes by position: for each node, Slurm's GPU index -> gres.conf ``File=``
+-> the device file's minor number -> the NVML device reporting that minor. Each sample also
+records the job's GPU indices on the node, which sacct does not keep.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from hetslurm.errors import HetslurmError, MetricsError
+from hetslurm.metrics import samples as S
+from hetslurm.metrics.gres import (
+    GresDevice,
+    MinorOf,
+    default_gres_conf,
+    device_minor,
+    load_gres_conf,
+    minors_by_index,
+)
+from hetslurm.metrics.nvml import NvmlSource
+from hetslurm.metrics.store import SegmentStore
+from hetslurm.slurm.backend import JobInfo, NodeStateChange, SlurmBackend
+
+log = logging.getLogger(__name__)
+
+#: Job states in which a job holds its GPUs.
+HOLDING_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED"})
+#: Wall and monotonic clocks may drift apart this much per tick before a jump is flagged.
+CLOCK_SLACK_S = 2.0
+
+
+@dataclass
+class TickResult:
+    time: float
+    rows: list[dict[str, Any]]
+    lost: dict[str, list[int]] = field(default_factory=dict)  # node -> minors
+    slurm_error: str | None = None
+    clock_jump: bool = False
+
+
+def job_gpus_by_node(jobs: Iterable[JobInfo]) -> dict[str, dict[int, tuple[int, tuple[int, ...]]]]:
+    """node -> Slurm GPU index -> (job id, that job's GPU indices on the node)."""
+    out: dict[str, dict[int, tuple[int, tuple[int, ...]]]] = {}
+    for job in jobs:
+        if job.state not in HOLDING_STATES:
+            continue
+        for node in job.allocated_gres:
+            idx: set[int] = set()
+            for key, indices in job.gres_on(node).items():
+                if key[0] == "gpu":
+                    idx |= set(indices)
+            mine = tuple(sorted(idx))
+            for i in mine:
+                out.setdefault(node, {})[i] = (job.job_id, mine)
+    return out
+
+
+class Collector:
+    """Samples the GPUs of ``nodes`` every ``interval_s`` seconds.
+
+    Args:
+        nodes: node names this collector reads (one on a real node; the testbed's GPU nodes
+            when the fake NVML emulates them all).
+        source: the NVML source (real or fake).
+        backend: the Slurm access layer, for which job holds which GPU index.
+        gres: gres.conf's GPU devices per node, in Slurm index order.
+        store: where segments go (None: keep samples in memory only, for tests).
+        minor_of: device path -> minor (the real one stats the character device).
+        drain_lost: drain a node one of whose GPUs is lost, with ``drain_reason``.
+    """
+
+    def __init__(self, nodes: Sequence[str], source: NvmlSource, backend: SlurmBackend | None,
+                 gres: Mapping[str, list[GresDevice]], store: SegmentStore | None = None, *,
+                 interval_s: float = 30.0, flush_s: float = 300.0,
+                 minor_of: MinorOf = device_minor, drain_lost: bool = False,
+                 drain_reason: str = "hetslurm: GPU lost (NVML)",
+                 clock: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.nodes = list(nodes)
+        self.source = source
+        self.backend = backend
+        self.gres = gres
+        self.store = store
+        self.interval_s = float(interval_s)
+        self.flush_s = float(flush_s)
+        self.minor_of = minor_of
+        self.drain_lost = drain_lost
+        self.drain_reason = drain_reason
+        self.clock = clock
+        self.monotonic = monotonic
+        self.buffer: dict[str, list[dict[str, Any]]] = {}
+        self.drained: set[str] = set()
+        self.written: list[Path] = []
+        self.ticks = 0
+        self._last: tuple[float, float] | None = None
+        self._last_flush = monotonic()
+        self._stop = False
+
+    # ------------------------------------------------------------------ one tick
+    def tick(self) -> TickResult:
+        now_wall, now_mono = self.clock(), self.monotonic()
+        jump = False
+        if self._last is not None:
+            wall_d, mono_d = now_wall - self._last[0], now_mono - self._last[1]
+            if abs(wall_d - mono_d) > max(CLOCK_SLACK_S, 0.5 * self.interval_s):
+                jump = True
+                log.warning("wall clock moved %.1fs in %.1fs of monotonic time; samples of "
+                            "this tick are flagged clock_jump", wall_d, mono_d)
+        self._last = (now_wall, now_mono)
+        t = round(now_wall, 3)
+        res = TickResult(time=t, rows=[], clock_jump=jump)
+        holders: dict[str, dict[int, tuple[int, tuple[int, ...]]]] = {}
+        attributed = True
+        if self.backend is not None:
+            try:
+                holders = job_gpus_by_node(self.backend.jobs())
+            except HetslurmError as exc:
+                # Samples are still written, marked unattributed: never guessed.
+                attributed = False
+                res.slurm_error = str(exc)
+                log.warning("Slurm did not answer; samples of this tick carry no job: %s", exc)
+        else:
+            attributed = False
+        for node in self.nodes:
+            res.rows.extend(self._node_rows(node, t, holders.get(node, {}), attributed,
+                                            jump, res))
+        self.ticks += 1
+        if res.lost and self.drain_lost and self.backend is not None:
+            self._drain(res.lost)
+        for row in res.rows:
+            self.buffer.setdefault(row["node"], []).append(row)
+        return res
+
+    def _node_rows(self, node: str, t: float, holders: dict[int, tuple[int, tuple[int, ...]]],
+                   attributed: bool, jump: bool, res: TickResult) -> list[dict[str, Any]]:
+        devices = self.gres.get(node, [])
+        index_of_minor = {m: i for i, m in minors_by_index(devices, self.minor_of).items()}
+        model_of = {d.index: d.model for d in devices}
+        try:
+            readings = self.source.read(node)
+        except HetslurmError as exc:
+            log.warning("NVML read failed on %s: %s", node, exc)
+            readings = []
+        rows: list[dict[str, Any]] = []
+        seen: set[int] = set()
+        for r in readings:
+            index = index_of_minor.get(r.minor) if r.minor is not None else None
+            status = r.status
+            if index is None and status == S.STATUS_OK:
+                status = S.STATUS_UNMATCHED
+            if r.minor is not None:
+                seen.add(r.minor)
+            rows.append(self._row(node, t, r.nvml_index, r.minor, r.uuid, index,
+                                  model_of.get(index) if index is not None else None,
+                                  holders, attributed, jump, status, r))
+            if status == S.STATUS_LOST and r.minor is not None:
+                res.lost.setdefault(node, []).append(r.minor)
+        for minor, index in sorted(index_of_minor.items(), key=lambda kv: kv[1]):
+            if minor not in seen:
+                # gres.conf names it, NVML does not list it: the device is gone.
+                rows.append(self._row(node, t, None, minor, None, index, model_of.get(index),
+                                      holders, attributed, jump, S.STATUS_MISSING, None))
+                res.lost.setdefault(node, []).append(minor)
+        return rows
+
+    def _row(self, node: str, t: float, nvml_index: int | None, minor: int | None,
+             uuid: str | None, index: int | None, model: str | None,
+             holders: dict[int, tuple[int, tuple[int, ...]]], attributed: bool, jump: bool,
+             status: str, r: S.GpuReading | None) -> dict[str, Any]:
+        job = holders.get(index) if index is not None else None
+        return {
+            "time": t, "node": node, "nvml_index": nvml_index, "minor": minor, "uuid": uuid,
+            "gpu_model": model, "slurm_index": index,
+            "job_id": job[0] if job else None,
+            "job_gpus": S.index_list(job[1]) if job else None,
+            "utilization_pct": r.utilization_pct if r and status == S.STATUS_OK else None,
+            "memory_used_mib": r.memory_used_mib if r else None,
+            "memory_total_mib": r.memory_total_mib if r else None,
+            "power_w": r.power_w if r else None,
+            "energy_j": r.energy_j if r else None,
+            "mig_mode": r.mig_mode if r else None,
+            "status": status, "interval_s": self.interval_s,
+            "attributed": attributed, "clock_jump": jump,
+        }
+
+    def _drain(self, lost: dict[str, list[int]]) -> None:
+        assert self.backend is not None
+        for node, minors in lost.items():
+            if node in self.drained:
+                continue
+            reason = f"{self.drain_reason} minor {','.join(map(str, sorted(set(minors))))}"
+            try:
+                self.backend.update_node(node, NodeStateChange.DRAIN, reason)
+                self.drained.add(node)
+                log.warning("drained %s: %s", node, reason)
+            except HetslurmError as exc:
+                log.error("could not drain %s: %s", node, exc)
+
+    # ------------------------------------------------------------------ loop
+    def flush(self) -> list[Path]:
+        """Write buffered samples, one segment per node."""
+        out: list[Path] = []
+        if self.store is None:
+            return out
+        for node, rows in list(self.buffer.items()):
+            if rows:
+                p = self.store.write(node, rows)
+                if p:
+                    out.append(p)
+            self.buffer[node] = []
+        self._last_flush = self.monotonic()
+        self.written.extend(out)
+        return out
+
+    def stop(self, *_: Any) -> None:
+        self._stop = True
+
+    def run(self, *, ticks: int | None = None, duration_s: float | None = None,
+            until: Callable[[], bool] | None = None, handle_signals: bool = False) -> int:
+        """Tick on a fixed cadence until ``ticks``/``duration_s``/``until`` says stop or a
+        signal arrives; flushes every ``flush_s`` and at the end. Returns ticks done."""
+        if handle_signals:
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        start = self.monotonic()
+        self._last_flush = start - self.flush_s  # the first tick is written at once
+        done = 0
+        try:
+            while not self._stop:
+                next_at = start + (done + 1) * self.interval_s
+                self.tick()
+                done += 1
+                # Half a tick of slack: with flush_s == interval_s every tick is written
+                # even when a tick comes a little early (the exporter relies on that).
+                if self.monotonic() - self._last_flush >= self.flush_s - 0.5 * self.interval_s:
+                    self.flush()
+                if ticks is not None and done >= ticks:
+                    break
+                if duration_s is not None and self.monotonic() - start >= duration_s:
+                    break
+                if until is not None and until():
+                    break
+                delay = next_at - self.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
+        finally:
+            self.flush()
+            self.source.close()
+        return done
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._stop = True
+
+
+# ---------------------------------------------------------------------- building one
+def build_source(kind: str, scenario: str | None) -> NvmlSource:
+    """The NVML source a configuration names: ``real`` or ``fake`` (needs a scenario)."""
+    if kind == "fake":
+        if not scenario:
+            raise MetricsError("the fake NVML needs a scenario file "
+                               "([collector] fake_scenario or --fake-scenario)")
+        from hetslurm.metrics.fake_nvml import FakeNvml
+
+        return FakeNvml(scenario)
+    if kind == "real":
+        from hetslurm.metrics.nvml import RealNvml
+
+        return RealNvml()
+    raise MetricsError(f"unknown NVML source '{kind}' (real or fake)")
+
+
+def local_node_name() -> str:
+    """Slurm's default NodeName for this host: the short host name."""
+    return socket.gethostname().split(".", 1)[0]
+
+
+def resolve_gres(path: str | None, env: Mapping[str, str] | None = None,
+                 local_node: str | None = None) -> dict[str, list[GresDevice]]:
+    return load_gres_conf(path or default_gres_conf(env if env is not None else os.environ),
+                          local_node=local_node)

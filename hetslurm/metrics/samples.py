@@ -1,0 +1,109 @@
+"""The sample record: one GPU at one instant, attributed to a job, and its column schema.
+
+A sample is one row of the store. Values NVML did not give are null; ``status`` says why a
+sample is *unknown* (never idle): ``ok`` is the only status whose utilization counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: Reading statuses. Every status but ``ok`` makes the sample unknown.
+STATUS_OK = "ok"
+STATUS_NOT_SUPPORTED = "not_supported"  # NVML gave no utilization for this device
+STATUS_LOST = "lost"  # NVML says the GPU is lost (fell off the bus, XID 79, ...)
+STATUS_MISSING = "missing"  # gres.conf names the device, NVML does not list it
+STATUS_MIG = "mig"  # MIG mode on: whole-GPU utilization means nothing
+STATUS_UNMATCHED = "unmatched"  # NVML lists it, no gres.conf File= has its minor
+STATUS_ERROR = "error"  # any other NVML error
+STATUSES = (STATUS_OK, STATUS_NOT_SUPPORTED, STATUS_LOST, STATUS_MISSING, STATUS_MIG,
+            STATUS_UNMATCHED, STATUS_ERROR)
+#: Statuses that mean the device is gone: the collector drains its node if told to.
+LOST_STATUSES = frozenset({STATUS_LOST, STATUS_MISSING})
+
+#: Column name -> Arrow type name; the order is the store's column order.
+COLUMNS: dict[str, str] = {
+    "time": "float64",  # epoch seconds (UTC), rounded to ms
+    "node": "string",
+    "nvml_index": "int16",  # NVML's enumeration order (PCI bus order), not Slurm's
+    "minor": "int32",  # /dev/nvidia<minor>
+    "uuid": "string",
+    "gpu_model": "string",  # gres.conf Type= of the Slurm device
+    "slurm_index": "int16",  # Slurm's GRES index on the node (null: unmatched)
+    "job_id": "int64",  # null: no job holds the GPU (or Slurm did not answer)
+    "job_gpus": "string",  # the job's GPU indices on this node, Slurm's form "0-1,4"
+    "utilization_pct": "float32",
+    "memory_used_mib": "float32",
+    "memory_total_mib": "float32",
+    "power_w": "float32",
+    "energy_j": "float64",  # NVML's total energy counter since driver load
+    "mig_mode": "int8",  # 1 on, 0 off, null not supported
+    "status": "string",
+    "interval_s": "float32",  # the collector's interval: the time this sample stands for
+    "attributed": "bool",  # Slurm answered this tick (job_id null then means "free")
+    "clock_jump": "bool",  # wall clock moved differently from the monotonic clock
+}
+#: String columns read as categoricals (few distinct values, many rows).
+CATEGORICAL = ("node", "uuid", "gpu_model", "job_gpus", "status")
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """What NVML says about one device at one instant (None: not supported / unknown)."""
+
+    nvml_index: int
+    minor: int | None
+    uuid: str | None
+    name: str | None = None
+    utilization_pct: float | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    power_w: float | None = None
+    energy_j: float | None = None
+    mig_mode: int | None = None
+    status: str = STATUS_OK
+    error: str | None = None
+
+
+def empty_row() -> dict[str, Any]:
+    """A sample row with every column null."""
+    return dict.fromkeys(COLUMNS)
+
+
+def arrow_schema() -> Any:
+    """The store's ``pyarrow.Schema`` (pyarrow imported here, not at module import)."""
+    import pyarrow as pa
+
+    types = {"float64": pa.float64(), "float32": pa.float32(), "string": pa.string(),
+             "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(), "int8": pa.int8(),
+             "bool": pa.bool_()}
+    return pa.schema([(name, types[t]) for name, t in COLUMNS.items()])
+
+
+def index_list(indices: list[int] | tuple[int, ...]) -> str:
+    """[0,1,2,4] -> '0-2,4' (Slurm's IDX form)."""
+    vals = sorted(set(indices))
+    parts: list[str] = []
+    i = 0
+    while i < len(vals):
+        j = i
+        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
+            j += 1
+        parts.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def parse_index_list(text: str | None) -> tuple[int, ...]:
+    """'0-2,4' -> (0, 1, 2, 4); '' or None -> ()."""
+    if not text:
+        return ()
+    out: list[int] = []
+    for part in text.split(","):
+        if "-" in part:
+            a, b = part.split("-", 1)
+            out.extend(range(int(a), int(b) + 1))
+        else:
+            out.append(int(part))
+    return tuple(out)

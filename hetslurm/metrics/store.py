@@ -1,0 +1,470 @@
+"""The embedded metrics store: a shared folder of immutable per-node Parquet segments.
+
+Layout (docs/metrics-and-audit.md)::
+
+    <root>/<node>/<YYYY-MM-DD>/seg-<t0_ms>-<t1_ms>-<host>-<pid>-<seq>-<rand>.parquet
+    <root>/<node>/<YYYY-MM-DD>/cmp-<t0_ms>-<t1_ms>-<host>-<pid>-<seq>-<rand>.parquet
+
+A segment is written to a dot-named temporary file in its final folder and renamed into
+place, so a reader sees a whole segment or none. Names are unique per writer (host, pid,
+sequence, random), so many collectors and a compactor can share the folder; a clock that
+jumps back cannot make two segments collide. Compaction (``cmp-``) writes the merged segment
+first and removes its inputs after, so a reader may see both for a moment: readers drop
+duplicate samples (same node, minor and time).
+
+Readers refuse, and count, segments that are symlinks, not regular files, owned by an
+untrusted user, writable by others, unreadable (truncated, corrupt) or forged (wrong
+columns, samples of another node, or times outside the name's range). Refusals make a read
+*partial*; nothing refused is deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import itertools
+import os
+import re
+import secrets
+import shutil
+import socket
+import stat
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from hetslurm.errors import MetricsError
+from hetslurm.metrics.samples import CATEGORICAL, COLUMNS, arrow_schema
+from hetslurm.site.names import NODE_RE
+
+_SEG_RE = re.compile(r"^(seg|cmp)-(\d+)-(\d+)-([A-Za-z0-9_.-]+)\.parquet$")
+_DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+#: Refusal reasons, in the order reports list them.
+REFUSALS = ("symlink", "not_regular", "untrusted_owner", "writable_by_others", "corrupt",
+            "forged", "unknown_name")
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Segment:
+    path: Path
+    node: str
+    kind: str  # seg | cmp
+    t0: float
+    t1: float
+
+
+@dataclass
+class ReadReport:
+    """What a read found: segments read, samples, refusals by reason, and problems."""
+
+    segments: int = 0
+    samples: int = 0
+    duplicates_dropped: int = 0
+    refused: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def partial(self) -> bool:
+        return bool(sum(self.refused.values()))
+
+    def refuse(self, reason: str, path: Path, detail: str = "") -> None:
+        self.refused[reason] += 1
+        if len(self.problems) < 50:
+            self.problems.append(f"{reason}: {path}{': ' + detail if detail else ''}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"segments": self.segments, "samples": self.samples,
+                "duplicates_dropped": self.duplicates_dropped,
+                "refused": {r: self.refused.get(r, 0) for r in REFUSALS},
+                "partial": self.partial, "problems": list(self.problems)}
+
+
+def _ms(t: float) -> int:
+    return round(t * 1000)
+
+
+def day_of(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d")
+
+
+class SegmentStore:
+    """A store folder. ``trusted_uids`` adds owners to root and the current user."""
+
+    def __init__(self, root: str | Path, trusted_uids: Iterable[int] = ()) -> None:
+        self.root = Path(root)
+        self.trusted = {0, os.geteuid(), *trusted_uids}
+        self._seq = 0
+        self._tag = f"{_safe(socket.gethostname())}-{os.getpid()}"
+
+    # ------------------------------------------------------------------ writing
+    def _name(self, kind: str, t0: float, t1: float) -> str:
+        self._seq += 1
+        return (f"{kind}-{_ms(t0)}-{_ms(t1)}-{self._tag}-{self._seq}-"
+                f"{secrets.token_hex(4)}.parquet")
+
+    def _node_dir(self, node: str) -> Path:
+        if not NODE_RE.match(node) or node in (".", ".."):
+            raise MetricsError(f"'{node}' is not a node name the store accepts")
+        return self.root / node
+
+    def write(self, node: str, rows: Sequence[dict[str, Any]] | Any, *,
+              kind: str = "seg") -> Path | None:
+        """Write one immutable segment of ``node``'s samples (dict rows or an Arrow table).
+
+        Returns its path, or None when there was nothing to write.
+        """
+        import pyarrow as pa
+
+        schema = arrow_schema()
+        table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(
+            [dict(r) for r in rows], schema=schema)
+        if table.num_rows == 0:
+            return None
+        times = table.column("time").to_pylist()
+        t0, t1 = min(times), max(times)
+        folder = self._node_dir(node) / day_of(t0)
+        folder.mkdir(parents=True, exist_ok=True, mode=0o755)
+        target = folder / self._name(kind, t0, t1)
+        _write_atomic(table, target)
+        return target
+
+    # ------------------------------------------------------------------ listing
+    def nodes(self, report: ReadReport | None = None) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        out = []
+        for p in sorted(self.root.iterdir()):
+            if p.name.startswith("."):
+                continue
+            if p.is_symlink():
+                if report:
+                    report.refuse("symlink", p)
+                continue
+            if p.is_dir() and NODE_RE.match(p.name):
+                out.append(p.name)
+        return out
+
+    def segments(self, node: str, since: float | None = None, until: float | None = None,
+                 report: ReadReport | None = None) -> list[Segment]:
+        """Segments of ``node`` whose time range meets ``[since, until)``."""
+        base = self._node_dir(node)
+        out: list[Segment] = []
+        if not base.is_dir():
+            return out
+        lo_day = day_of(since - 86400) if since is not None else None
+        hi_day = day_of(until) if until is not None else None
+        for day in sorted(base.iterdir()):
+            if not _DAY_RE.match(day.name):
+                continue
+            if day.is_symlink():
+                if report:
+                    report.refuse("symlink", day)
+                continue
+            # A segment lives under the day its first sample fell on; it may run past it.
+            if (lo_day and day.name < lo_day) or (hi_day and day.name > hi_day):
+                continue
+            for p in sorted(day.iterdir()):
+                if p.name.startswith("."):
+                    continue  # a writer's temporary file
+                m = _SEG_RE.match(p.name)
+                if not m:
+                    if report:
+                        report.refuse("unknown_name", p)
+                    continue
+                seg = Segment(p, node, m.group(1), int(m.group(2)) / 1000,
+                              int(m.group(3)) / 1000)
+                if since is not None and seg.t1 < since:
+                    continue
+                if until is not None and seg.t0 >= until:
+                    continue
+                out.append(seg)
+        return out
+
+    # ------------------------------------------------------------------ reading
+    def _open_checked(self, seg: Segment, report: ReadReport,
+                      columns: Sequence[str] | None = None) -> Any | None:
+        """Read one segment as an Arrow table, or refuse it (counted in ``report``)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            fd = os.open(seg.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            reason = "symlink" if seg.path.is_symlink() else "corrupt"
+            report.refuse(reason, seg.path, exc.strerror or "")
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                report.refuse("not_regular", seg.path)
+                return None
+            if st.st_uid not in self.trusted:
+                report.refuse("untrusted_owner", seg.path, f"uid {st.st_uid}")
+                return None
+            if st.st_mode & stat.S_IWOTH:
+                report.refuse("writable_by_others", seg.path)
+                return None
+            try:
+                problem = _schema_problem(pq.ParquetFile(fh).schema_arrow)
+                if problem:
+                    report.refuse("forged", seg.path, problem)
+                    return None
+                fh.seek(0)
+                pf = pq.ParquetFile(fh, read_dictionary=list(CATEGORICAL))
+                cols = None if columns is None else list(
+                    dict.fromkeys(["time", "node", *columns]))
+                table = pf.read(columns=cols)
+            except (pa.ArrowException, OSError, ValueError) as exc:
+                report.refuse("corrupt", seg.path, str(exc).splitlines()[0][:120])
+                return None
+        problem = _forgery(table, seg)
+        if problem:
+            report.refuse("forged", seg.path, problem)
+            return None
+        return table
+
+    def read_tables(self, since: float | None = None, until: float | None = None,
+                    nodes: Iterable[str] | None = None, report: ReadReport | None = None,
+                    progress: Progress | None = None, columns: Sequence[str] | None = None
+                    ) -> Iterator[tuple[Segment, Any]]:
+        """Yield (segment, Arrow table) for every accepted segment in range."""
+        report = report if report is not None else ReadReport()
+        wanted = list(nodes) if nodes is not None else self.nodes(report)
+        plan = [s for n in wanted for s in self.segments(n, since, until, report)]
+        done = 0
+        seen: set[Path] = set()
+        while plan:
+            seg = plan.pop(0)
+            if seg.path in seen:
+                continue
+            seen.add(seg.path)
+            try:
+                table = self._open_checked(seg, report, columns)
+            except FileNotFoundError:
+                # Compacted away between listing and opening: its samples are in a newer
+                # cmp- segment of the same node, which a fresh listing shows.
+                plan.extend(s for s in self.segments(seg.node, since, until)
+                            if s.path not in seen and s not in plan)
+                continue
+            done += 1
+            if progress:
+                progress(done, done + len(plan))
+            if table is not None:
+                report.segments += 1
+                yield seg, table
+
+    def read(self, since: float | None = None, until: float | None = None,
+             nodes: Iterable[str] | None = None, progress: Progress | None = None,
+             columns: Sequence[str] | None = None) -> tuple[Any, ReadReport]:
+        """Samples with ``since <= time < until`` as a pandas DataFrame, and a report.
+
+        ``columns`` limits what is read (``time`` and ``node`` always are); the others are
+        absent from the frame.
+        """
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        report = ReadReport()
+        tables = []
+        ranges: dict[str, list[tuple[float, float]]] = {}
+        for seg, table in self.read_tables(since, until, nodes, report, progress, columns):
+            if since is not None or until is not None:
+                t = table.column("time")
+                mask = None
+                if since is not None:
+                    mask = pc.greater_equal(t, since)
+                if until is not None:
+                    m2 = pc.less(t, until)
+                    mask = m2 if mask is None else pc.and_(mask, m2)
+                table = table.filter(mask)
+            tables.append(table)
+            ranges.setdefault(seg.node, []).append((seg.t0, seg.t1))
+        if not tables:
+            return empty_frame(), report
+        merged = pa.concat_tables(tables, promote_options="permissive")
+        tables.clear()
+        # self_destruct frees each Arrow column as it is converted: one copy, not two.
+        frame = merged.to_pandas(self_destruct=True, split_blocks=True)
+        del merged
+        if _overlapping(ranges) and "minor" in frame.columns:
+            before = len(frame)
+            frame = frame.drop_duplicates(subset=["node", "minor", "time"], keep="first")
+            report.duplicates_dropped = before - len(frame)
+        frame = frame.reset_index(drop=True)
+        report.samples = len(frame)
+        return normalise_frame(frame), report
+
+    def latest(self, max_age_s: float, now: float | None = None) -> Any:
+        """The newest sample of every GPU seen in the last ``max_age_s`` seconds."""
+        now = time.time() if now is None else now
+        frame, _ = self.read(since=now - max_age_s)
+        if frame.empty:
+            return frame
+        frame = frame.sort_values("time")
+        return frame.groupby(["node", "minor"], observed=True, sort=False).tail(1)
+
+    # ------------------------------------------------------------------ upkeep
+    def compact(self, older_than_s: float = 3600, now: float | None = None,
+                nodes: Iterable[str] | None = None) -> dict[str, int]:
+        """Merge each node's and day's segments older than ``older_than_s`` into one.
+
+        Refused segments are left in place (and counted); inputs are removed only after the
+        merged segment is safely renamed into place.
+        """
+        import pyarrow as pa
+
+        now = time.time() if now is None else now
+        stats = Counter[str]()
+        for node in (list(nodes) if nodes is not None else self.nodes()):
+            with self._lock(node):
+                by_day: dict[str, list[Segment]] = {}
+                for seg in self.segments(node):
+                    if seg.t1 < now - older_than_s:
+                        by_day.setdefault(seg.path.parent.name, []).append(seg)
+                for segs in by_day.values():
+                    if len(segs) < 2:
+                        continue
+                    report = ReadReport()
+                    good: list[tuple[Segment, Any]] = []
+                    for seg in segs:
+                        with contextlib.suppress(FileNotFoundError):
+                            table = self._open_checked(seg, report)
+                            if table is not None:
+                                good.append((seg, _plain(table)))
+                    stats["refused"] += sum(report.refused.values())
+                    if len(good) < 2:
+                        continue
+                    merged = pa.concat_tables([t for _, t in good]).sort_by("time")
+                    self.write(node, merged, kind="cmp")
+                    for seg, _ in good:
+                        seg.path.unlink(missing_ok=True)
+                    stats["merged"] += len(good)
+                    stats["written"] += 1
+        return dict(stats)
+
+    def prune(self, retention_days: int, now: float | None = None) -> int:
+        """Remove day folders older than ``retention_days``; returns how many."""
+        now = time.time() if now is None else now
+        cutoff = day_of(now - retention_days * 86400)
+        removed = 0
+        for node in self.nodes():
+            with self._lock(node):
+                for day in sorted(self._node_dir(node).iterdir()):
+                    if _DAY_RE.match(day.name) and day.name < cutoff and not day.is_symlink():
+                        shutil.rmtree(day)
+                        removed += 1
+        return removed
+
+    @contextlib.contextmanager
+    def _lock(self, node: str) -> Iterator[None]:
+        d = self._node_dir(node)
+        d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(d / ".compact.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.]", "_", text)[:40] or "host"
+
+
+def _write_atomic(table: Any, target: Path) -> None:
+    import pyarrow.parquet as pq
+
+    tmp = target.parent / f".tmp-{target.name}"
+    try:
+        with open(tmp, "wb") as fh:
+            pq.write_table(table, fh, compression="zstd")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o644)
+        os.rename(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _plain(table: Any) -> Any:
+    """Dictionary columns back to plain strings (the schema segments are written in)."""
+    return table.cast(arrow_schema())
+
+
+def _schema_problem(schema: Any) -> str | None:
+    import pyarrow as pa
+
+    names = schema.names
+    if names != list(COLUMNS):
+        return f"columns {names} are not the store's"
+    for f in arrow_schema():
+        got = schema.field(f.name).type
+        if pa.types.is_dictionary(got):
+            got = got.value_type
+        if got != f.type:
+            return f"column {f.name} is {got}, not {f.type}"
+    return None
+
+
+def _forgery(table: Any, seg: Segment) -> str | None:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if table.num_rows == 0:
+        return "no samples"
+    nodes = pc.unique(table.column("node").cast(pa.string())).to_pylist()
+    if nodes != [seg.node]:
+        return f"holds samples of {nodes}, stored under {seg.node}"
+    lo = pc.min(table.column("time")).as_py()
+    hi = pc.max(table.column("time")).as_py()
+    if lo is None or _ms(lo) < _ms(seg.t0) or _ms(hi) > _ms(seg.t1):
+        return f"sample times {lo}..{hi} lie outside the name's range"
+    return None
+
+
+def _overlapping(ranges: dict[str, list[tuple[float, float]]]) -> bool:
+    for spans in ranges.values():
+        spans = sorted(spans)
+        for (_, e1), (s2, _) in itertools.pairwise(spans):
+            if s2 <= e1:
+                return True
+    return False
+
+
+def empty_frame() -> Any:
+    import pandas as pd
+
+    return normalise_frame(pd.DataFrame({c: pd.Series(dtype="object") for c in COLUMNS}))
+
+
+def normalise_frame(frame: Any) -> Any:
+    """Column types the audit relies on: nullable ids, float metrics, categorical labels."""
+    import pandas as pd
+
+    out = frame
+    have = set(out.columns)
+    for col in ("job_id", "slurm_index", "minor", "nvml_index"):
+        if col in have:
+            out[col] = out[col].astype("Int64")
+    for col in ("utilization_pct", "memory_used_mib", "memory_total_mib", "power_w",
+                "interval_s"):
+        if col in have and out[col].dtype.kind != "f":
+            out[col] = pd.to_numeric(out[col], errors="coerce").astype("float64")
+    out["time"] = pd.to_numeric(out["time"], errors="coerce").astype("float64")
+    for col in CATEGORICAL:
+        if col in have and not isinstance(out[col].dtype, pd.CategoricalDtype):
+            out[col] = out[col].astype("category")
+    for col in ("attributed", "clock_jump"):
+        if col in have:
+            out[col] = out[col].astype("boolean")
+    return out

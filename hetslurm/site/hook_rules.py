@@ -1,0 +1,175 @@
+"""The job_submit hook's policy table, rendered from the site: pure and deterministic.
+
+The hook (``job_submit/hethook.lua``) decides with this table only, so Python and Lua cannot
+drift: the site file is the one source of classes, model order, model memory, feature and gres
+names, QOS per priority and who may ask for ``priority=high``. :func:`hook_rules` builds plain
+data (also shown by ``hetslurm hook render --rules``); :func:`lua_literal` writes it as a Lua
+5.1 table constructor that ``hetslurm.hook.render`` embeds in ``job_submit.lua``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from hetslurm.site.model import Site
+from hetslurm.site.schema import HookPolicy, WorkloadClass
+
+#: Bumped when the table's shape changes (the hook refuses nothing; tests pin the shape).
+RULES_VERSION = 1
+
+#: The node feature hetslurm gives CPU-only nodes (hetslurm/site/model.py class_features).
+CPU_FEATURE = "cpu"
+#: The gres names the site renders (hetslurm/site/render.py GRES_TYPES).
+GPU_GRES = "gpu"
+FPGA_GRES = "fpga"
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LUA_KEYWORDS = frozenset(
+    [
+        "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "if", "in",
+        "local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while"
+    ]
+)
+
+
+def hook_policy(site: Site) -> HookPolicy:
+    """The site's ``[hook]`` section (its defaults when the file has none)."""
+    policy = site.sections.get("hook")
+    return policy if isinstance(policy, HookPolicy) else HookPolicy()
+
+
+def gpu_memory(site: Site) -> dict[str, int]:
+    """Memory per GPU model in MiB: the smallest over node classes; unknown models left out.
+
+    The smallest, because a feature constraint for the model may land on any of its nodes
+    (the same rule as ``hetslurm.placement.request.gpu_memory_mib``).
+    """
+    seen: dict[str, int | None] = {}
+    for spec in site.node_classes.values():
+        g = spec.gpus
+        if g is None:
+            continue
+        if g.model in seen:
+            have = seen[g.model]
+            seen[g.model] = None if have is None or g.memory is None else min(have, g.memory)
+        else:
+            seen[g.model] = g.memory
+    return {m: v for m, v in sorted(seen.items()) if v is not None}
+
+
+def hook_rules(site: Site) -> dict[str, Any]:
+    """The policy table as plain data (JSON-able; sets become ``{name: True}`` maps).
+
+    The ``digest`` field hashes everything else, so ``hetslurm hook check`` can tell which
+    rules the controller runs.
+    """
+    policy = hook_policy(site)
+    gpu_models = list(site.gpu_models())
+    fpga_models = list(site.fpga_models())
+    raw_classes: Mapping[str, WorkloadClass] = site.sections.get("classes") or {}
+    classes: dict[str, dict[str, Any]] = {}
+    for name in sorted(raw_classes):
+        wc = raw_classes[name]
+        entry: dict[str, Any] = {
+            "devices": list(wc.devices),
+            "cpu_only": CPU_FEATURE in wc.devices,
+        }
+        if wc.partition is not None:
+            entry["partition"] = wc.partition
+        if wc.qos is not None:
+            entry["qos"] = wc.qos
+        classes[name] = entry
+    users = list(policy.high_priority_users)
+    rules: dict[str, Any] = {
+        "version": RULES_VERSION,
+        "site": site.name,
+        "gpu_models": gpu_models,
+        "fpga_models": fpga_models,
+        "gpu_mem": gpu_memory(site),
+        "gpu_gres": GPU_GRES,
+        "fpga_gres": FPGA_GRES,
+        "cpu_feature": CPU_FEATURE,
+        "classes": classes,
+        "class_names": sorted(classes),
+        "priority_qos": dict(sorted(policy.priority_qos.items())),
+        "high_priority": {
+            "anyone": "*" in users,
+            "users": {u: True for u in sorted(users) if u != "*"},
+            "accounts": {a: True for a in sorted(policy.high_priority_accounts)},
+        },
+        "modify_exempt": {uid: True for uid in sorted(policy.modify_exempt_uids)},
+        "energy_low_models": [m for m in gpu_models if m in policy.energy_low_models],
+        "switch_wait_default": policy.switch_wait_default_s,
+        "record": {
+            "field": policy.record_field,
+            "key": policy.record_key,
+            "max_bytes": policy.record_max_bytes,
+            "max_field_bytes": policy.record_max_field_bytes,
+        },
+    }
+    rules["digest"] = rules_digest(rules)
+    return rules
+
+
+def rules_digest(rules: Mapping[str, Any]) -> str:
+    """16 hex digits over the table without its digest (stable key order)."""
+    body = {k: v for k, v in rules.items() if k != "digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _lua_string(s: str) -> str:
+    out = ['"']
+    for ch in s.encode("utf-8"):
+        if ch in (0x22, 0x5C):
+            out.append("\\" + chr(ch))
+        elif 0x20 <= ch < 0x7F:
+            out.append(chr(ch))
+        else:
+            out.append(f"\\{ch:03d}")
+    out.append('"')
+    return "".join(out)
+
+
+def _lua_key(k: Any) -> str:
+    if isinstance(k, bool):
+        raise TypeError("boolean keys are not rendered")
+    if isinstance(k, int):
+        return f"[{k}]"
+    if isinstance(k, str) and _IDENT.match(k) and k not in _LUA_KEYWORDS:
+        return k
+    return f"[{_lua_string(str(k))}]"
+
+
+def lua_literal(value: Any, indent: str = "") -> str:
+    """A Lua 5.1 table constructor for plain data (dict, list, str, int, bool, None).
+
+    Integers are written as digits; floats are refused (a count must never reach Slurm as
+    ``2.0``). Dict keys are written in sorted order, so the text is deterministic.
+    """
+    if value is None:
+        return "nil"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        raise TypeError(f"refusing to render float {value!r} into the hook")
+    if isinstance(value, str):
+        return _lua_string(value)
+    inner = indent + "  "
+    if isinstance(value, Mapping):
+        if not value:
+            return "{}"
+        items = sorted(value.items(), key=lambda kv: (str(type(kv[0])), kv[0]))
+        body = ",\n".join(f"{inner}{_lua_key(k)} = {lua_literal(v, inner)}" for k, v in items)
+        return "{\n" + body + ",\n" + indent + "}"
+    if isinstance(value, list | tuple):
+        if not value:
+            return "{}"
+        return "{ " + ", ".join(lua_literal(v, inner) for v in value) + " }"
+    raise TypeError(f"cannot render {type(value).__name__} into the hook")

@@ -1,0 +1,82 @@
+"""The testbed as a rollout target: ``hetslurm site diff|apply|rollback --testbed DIR``.
+
+Its configuration is one whole slurm.conf in ``<dir>/etc`` rendered with the testbed's
+runtime (ports, paths, emulated devices); a restart stops and starts exactly the
+slurmctld and slurmd the testbed recorded.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+
+from hetslurm.errors import RolloutError, TestbedError
+from hetslurm.levers.live import Target, ping
+from hetslurm.site import Site
+from hetslurm.slurm.run import run_command
+from hetslurm.testbed import procs
+from hetslurm.testbed.cluster import DAEMON_WAIT_S, State, Testbed
+
+
+class TestbedDaemons:
+    """Reconfigure or restart the testbed's own slurmctld and slurmd."""
+
+    __test__ = False
+
+    def __init__(self, tb: Testbed) -> None:
+        self.tb = tb
+
+    def reconfigure(self) -> None:
+        run_command(["scontrol", "reconfigure"], timeout=60, env=self.tb.env())
+
+    def restart(self, nodes: Sequence[str]) -> None:
+        tb = self.tb
+        st = _state(tb)
+        tb._stop_slurm(st)
+        tb._start(st, "slurmctld", ["slurmctld", "-D", "-f", str(tb.conf)], "slurmctld.out")
+        deadline = time.monotonic() + DAEMON_WAIT_S
+        while (why := ping(tb.env())) is not None:
+            proc = st.proc("slurmctld")
+            procs.reap()
+            if proc is None or not proc.alive():
+                raise RolloutError(f"slurmctld exited at start ({why}); see "
+                                   f"{tb.root}/log/slurmctld.log")
+            if time.monotonic() > deadline:
+                raise RolloutError(f"slurmctld does not answer after {DAEMON_WAIT_S:.0f}s: {why}")
+            time.sleep(0.3)
+        for name in nodes:
+            tb._start(st, f"slurmd:{name}", ["slurmd", "-D", "-f", str(tb.conf), "-N", name],
+                      f"slurmd-{name}.out")
+
+
+def _state(tb: Testbed) -> State:
+    st = tb.load_state()
+    if st is None:
+        raise TestbedError(f"no testbed in {tb.root}; start it with `hetslurm testbed up`")
+    return st
+
+
+def rollout_target(tb: Testbed, site: Site) -> Target:
+    """A rollout target for a running testbed, rendering ``site`` with its runtime."""
+    st = _state(tb)
+    if not tb.running(st).get("slurmctld"):
+        raise TestbedError(f"the testbed in {tb.root} is not running; `hetslurm testbed up`")
+    if st.cluster != site.name:
+        raise TestbedError(f"{tb.root} runs cluster '{st.cluster}', the site is '{site.name}'")
+    # New nodes get ports in a scratch copy here; prepare() records them for real.
+    scratch = copy.deepcopy(st)
+    tb._assign_node_ports(scratch, site)
+
+    def prepare(new_site: Site) -> None:
+        live = _state(tb)
+        live.node_ports = dict(scratch.node_ports)  # the ports the files were rendered with
+        live.site = new_site.path
+        tb.save_state(live)
+        for node in new_site.nodes:
+            (tb.root / "spool" / node.name).mkdir(parents=True, exist_ok=True)
+        tb._make_devices(new_site, live)
+
+    return Target(conf_dir=tb.etc, daemons=TestbedDaemons(tb), whole=True,
+                  runtime=tb.runtime(scratch), env=tb.env(),
+                  backup_dir=tb.root / "levers-backups", prepare=prepare)

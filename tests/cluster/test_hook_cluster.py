@@ -1,0 +1,241 @@
+"""The job_submit hook on the real slurmctld of the testbed (Slurm 22.05, job_submit/lua).
+
+`testbed up` installs the hook rendered from site-configs/demo.toml. Each test submits with
+#HET directives through sbatch, srun or salloc and checks what `scontrol show job` shows and
+where the job ran.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from _cluster_helpers import Jobs
+
+from hetslurm.hook.install import check_hook, install_text, set_installed_mode
+from hetslurm.hook.render import render_hook
+from hetslurm.site import Site
+from hetslurm.slurm.run import run_command
+from hetslurm.testbed import Testbed
+
+H100 = {"gpu1", "gpu2"}
+A100 = {"gpu3", "gpu4"}
+CPU = {"cpu1", "cpu2", "cpu3", "cpu4"}
+
+
+def show(jobs: Jobs, job_id: str) -> dict[str, str]:
+    out = run_command(["scontrol", "show", "job", "-o", job_id], timeout=30, env=jobs.env).stdout
+    fields: dict[str, str] = {}
+    # AdminComment holds spaces only if others put them there; split on " Key=".
+    for m in re.finditer(r"(?:^|\s)([A-Za-z/:_]+)=(.*?)(?=\s[A-Za-z/:_]+=|$)", out.strip()):
+        fields.setdefault(m.group(1), m.group(2))
+    fields["_raw"] = out
+    return fields
+
+
+def sbatch(jobs: Jobs, tmp_path: Path, text: str, *args: str, check: bool = True
+           ) -> tuple[str | None, str]:
+    path = tmp_path / f"job{time.monotonic_ns()}.sh"
+    path.write_text(text)
+    res = run_command(["sbatch", "--parsable", "-o", "/dev/null", *args, str(path)], timeout=60,
+                      env=jobs.env, check=False)
+    if res.returncode != 0:
+        if check:
+            raise AssertionError(res.stderr)
+        return None, res.stderr
+    job_id = res.stdout.strip().split(";")[0]
+    jobs.ids.append(job_id)
+    return job_id, res.stderr
+
+
+def running_on(jobs: Jobs, job_id: str) -> set[str]:
+    jobs.wait_state(job_id, {"RUNNING", "COMPLETED"}, timeout=60)
+    nodelist = show(jobs, job_id)["NodeList"]
+    out = run_command(["scontrol", "show", "hostnames", nodelist], timeout=30, env=jobs.env)
+    return set(out.stdout.split())
+
+
+def record(fields: dict[str, str]) -> str:
+    m = re.search(r"AdminComment=.*?(hetslurm:\{[^}]*\})", fields["_raw"])
+    assert m, fields["_raw"]
+    return m.group(1)
+
+
+@pytest.fixture
+def hook_restored(testbed: Testbed, demo_site: Site) -> Iterator[Path]:
+    """Tests that replace the hook get it back (validated and with a newer mtime) after."""
+    yield testbed.etc
+    install_text(render_hook(demo_site).text, testbed.etc)
+
+
+def test_sbatch_class_train_lands_on_a_gpu_node(jobs: Jobs, tmp_path: Path) -> None:
+    job_id, _ = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET gpus=2 class=train\nsleep 30\n")
+    assert job_id
+    f = show(jobs, job_id)
+    assert f["Partition"] == "gpu"
+    assert f["Features"] == "h100|a100"
+    assert f["TresPerNode"] == "gres:gpu:2"
+    rec = record(f)
+    assert '"class":"train"' in rec and '"set":"tres_per_node,features,partition"' in rec
+    assert running_on(jobs, job_id) <= H100 | A100
+
+
+def test_sbatch_single_model_is_typed_gres(jobs: Jobs, tmp_path: Path) -> None:
+    job_id, _ = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET gpus=1 gpu-type=a100 no-requeue\n"
+                       "sleep 30\n")
+    assert job_id
+    f = show(jobs, job_id)
+    assert f["TresPerNode"] == "gres:gpu:a100:1"
+    assert f["Requeue"] == "0"
+    assert f["Features"] == "(null)"
+    assert running_on(jobs, job_id) <= A100
+
+
+def test_sbatch_cpu_and_fpga_classes(jobs: Jobs, tmp_path: Path) -> None:
+    io, _ = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET class=io cores=2\nsleep 30\n")
+    fpga, _ = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET fpga=1 class=stream\nsleep 30\n")
+    assert io and fpga
+    f = show(jobs, io)
+    assert (f["Partition"], f["Features"], f["MinCPUsNode"]) == ("cpu", "cpu", "2")
+    assert running_on(jobs, io) <= CPU
+    g = show(jobs, fpga)
+    assert (g["Partition"], g["TresPerNode"]) == ("fpga", "gres:fpga:u280:1")
+    assert running_on(jobs, fpga) == {"fpga1"}
+
+
+def test_sbatch_switch_and_binding(jobs: Jobs, tmp_path: Path) -> None:
+    job_id, _ = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET nodes=2 gpus-per-node=1 gpu-type=h100 "
+                       "locality=switch:required,nvlink:required switch-wait=2m\nsleep 30\n")
+    assert job_id
+    f = show(jobs, job_id)
+    assert f["Switches"] == "1@00:02:00"
+    assert f["NumNodes"].startswith("2")
+    assert f["TresPerNode"] == "gres:gpu:h100:1"
+    assert running_on(jobs, job_id) == H100
+
+
+def test_explicit_option_wins_and_user_is_told(jobs: Jobs, tmp_path: Path) -> None:
+    job_id, err = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET gpus=1 class=train\nsleep 30\n",
+                         "--partition=batch")
+    assert job_id
+    assert "#HET line 2: --partition=batch kept over class=train's partition gpu" in err
+    f = show(jobs, job_id)
+    assert f["Partition"] == "batch" and f["Features"] == "h100|a100"
+
+
+def test_rejected_job_shows_the_message(jobs: Jobs, tmp_path: Path) -> None:
+    job_id, err = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET gpus=2 gpu-type=a10\ntrue\n",
+                         check=False)
+    assert job_id is None
+    assert ("sbatch: error: #HET line 2: gpu-type: GPU model 'a10' is not in site 'hetdemo' "
+            "(did you mean 'a100'?); its GPU models: h100, a100") in err
+    assert "Invalid generic resource (gres) specification" in err
+
+
+def test_srun_with_comment_runs_on_the_class(jobs: Jobs) -> None:
+    res = run_command(["srun", "--comment=het: class=io", "printenv", "SLURMD_NODENAME"],
+                      timeout=120, env=jobs.env)
+    assert res.stdout.strip() in CPU
+    res = run_command(["srun", "--comment=het: gpus=1 gpu-type=a100", "printenv",
+                       "SLURMD_NODENAME", "CUDA_VISIBLE_DEVICES"], timeout=120, env=jobs.env)
+    node, devices = res.stdout.split()
+    assert node in A100 and devices == "0"
+
+
+def test_srun_rejection_on_stderr(jobs: Jobs) -> None:
+    res = run_command(["srun", "--comment=het: gpus=lots", "true"], timeout=120, env=jobs.env,
+                      check=False)
+    assert res.returncode != 0
+    assert ("--comment het:: 'gpus=lots': GPUs per job must be a whole number from 0 to 65536"
+            in res.stderr)
+
+
+def test_salloc_with_comment(jobs: Jobs) -> None:
+    res = run_command(["salloc", "--no-shell", "--comment=het: fpga=u280", "--time=5"],
+                      timeout=120, env=jobs.env)
+    m = re.search(r"Granted job allocation (\d+)", res.stderr)
+    assert m, res.stderr
+    jobs.ids.append(m.group(1))
+    f = show(jobs, m.group(1))
+    assert f["TresPerNode"] == "gres:fpga:u280:1"
+    assert f["NodeList"] == "fpga1"
+
+
+def test_array_tasks_all_rewritten(jobs: Jobs, tmp_path: Path) -> None:
+    job_id, _ = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET class=io\nsleep 30\n", "--array=0-2")
+    assert job_id
+    time.sleep(2)
+    out = run_command(["squeue", "-h", "-j", job_id, "-o", "%i %P %f %N"], timeout=30,
+                      env=jobs.env).stdout.split("\n")
+    rows = [line.split() for line in out if line.strip()]
+    assert len(rows) >= 1
+    for row in rows:
+        assert row[1] == "cpu" and row[2] == "cpu"
+    tasks = [r[0] for r in rows if "_" in r[0] and "[" not in r[0]]
+    for task in tasks:
+        assert running_on(jobs, task) <= CPU
+
+
+def test_het_job_components(jobs: Jobs, tmp_path: Path) -> None:
+    text = ("#!/bin/sh\n#HET class=io\n#SBATCH hetjob\n"
+            "#SBATCH --comment=\"het: gpus=1 gpu-type=h100\"\nsleep 30\n")
+    job_id, _ = sbatch(jobs, tmp_path, text)
+    assert job_id
+    first, second = show(jobs, f"{job_id}+0"), show(jobs, f"{job_id}+1")
+    assert (first["Partition"], first["Features"]) == ("cpu", "cpu")
+    assert second["TresPerNode"] == "gres:gpu:h100:1"
+    assert running_on(jobs, f"{job_id}+0") <= CPU
+    assert running_on(jobs, f"{job_id}+1") <= H100
+
+
+def test_scontrol_update_cannot_undo_the_rewrite(jobs: Jobs, tmp_path: Path) -> None:
+    job_id, _ = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET gpus=1 class=train\nsleep 30\n",
+                       "--hold")
+    assert job_id
+    res = run_command(["scontrol", "update", f"job={job_id}", "Features=a100"], timeout=30,
+                      env=jobs.env, check=False)
+    assert res.returncode != 0 and "Access/permission denied" in res.stderr
+    assert show(jobs, job_id)["Features"] == "h100|a100"
+    # Fields the hook did not write stay editable.
+    run_command(["scontrol", "update", f"job={job_id}", "TimeLimit=10"], timeout=30,
+                env=jobs.env)
+    assert show(jobs, job_id)["TimeLimit"] == "00:10:00"
+
+
+def test_broken_script_keeps_the_previous_one(jobs: Jobs, tmp_path: Path, testbed: Testbed,
+                                              hook_restored: Path) -> None:
+    target = hook_restored / "job_submit.lua"
+    good_build = check_hook(hook_restored)["installed_build"]
+    # A broken job_submit.lua deployed by mistake (not through `hook install`).
+    target.write_text("this is not lua (\n")
+    later = int(time.time()) + 2
+    import os
+
+    os.utime(target, (later, later))
+    job_id, _ = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET class=io\nsleep 30\n")
+    assert job_id
+    f = show(jobs, job_id)
+    assert (f["Partition"], f["Features"]) == ("cpu", "cpu")  # the previous hook ran
+    log = (testbed.root / "log" / "slurmctld.log").read_text(errors="replace")
+    assert "using previous script" in log
+    status = check_hook(hook_restored, testbed.root / "log" / "slurmctld.log")
+    assert status["loads"] is False and status["running_build"] == good_build
+
+
+def test_kill_switch_and_shadow_on_the_controller(jobs: Jobs, tmp_path: Path, testbed: Testbed,
+                                                  hook_restored: Path) -> None:
+    for mode in ("off", "shadow"):
+        set_installed_mode(hook_restored, mode)
+        job_id, _err = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET class=io\nsleep 30\n")
+        assert job_id
+        f = show(jobs, job_id)
+        assert f["Partition"] == "batch" and f["Features"] == "(null)", mode
+        rejected, _ = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET gpu=1\ntrue\n")
+        assert rejected  # neither off nor shadow rejects
+    log = (testbed.root / "log" / "slurmctld.log").read_text(errors="replace")
+    assert "hetslurm shadow: " in log
+    status = check_hook(hook_restored, testbed.root / "log" / "slurmctld.log")
+    assert status["in_sync"] and status["running_mode"] == "shadow"

@@ -1,0 +1,204 @@
+"""The segment store: atomic immutable segments, refusal of unsafe or damaged ones,
+compaction that loses nothing while readers read."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hetslurm.metrics.samples import COLUMNS
+from hetslurm.metrics.store import SegmentStore
+
+
+def rows(node: str, t0: float, n: int, minors: int = 2) -> list[dict[str, Any]]:
+    out = []
+    for k in range(n):
+        for m in range(minors):
+            r = dict.fromkeys(COLUMNS)
+            r.update(time=t0 + k, node=node, minor=130 + m, slurm_index=m, status="ok",
+                     utilization_pct=float(10 * m), interval_s=1.0, attributed=True,
+                     clock_jump=False, job_id=5 if m == 0 else None)
+            out.append(r)
+    return out
+
+
+T0 = 1_796_000_000.0
+
+
+def test_round_trip_and_time_range(tmp_path: Path) -> None:
+    st = SegmentStore(tmp_path)
+    st.write("gpu1", rows("gpu1", T0, 10))
+    st.write("gpu2", rows("gpu2", T0 + 5, 10))
+    frame, rep = st.read()
+    assert len(frame) == 40 and rep.segments == 2 and not rep.partial
+    frame, _ = st.read(since=T0 + 5, until=T0 + 10)
+    assert len(frame) == 20 and frame["time"].between(T0 + 5, T0 + 9.5).all()
+    assert frame["job_id"].dtype.name == "Int64"
+    frame, _ = st.read(since=T0 + 1000, until=T0 + 2000)
+    assert frame.empty
+
+
+def test_writers_leave_no_partial_files_and_temp_files_are_ignored(tmp_path: Path) -> None:
+    st = SegmentStore(tmp_path)
+    p = st.write("gpu1", rows("gpu1", T0, 3))
+    assert p is not None and not p.name.startswith(".")
+    (p.parent / ".tmp-seg-in-progress.parquet").write_bytes(b"PAR1 half")
+    frame, rep = st.read()
+    assert len(frame) == 6 and not rep.partial
+    assert st.write("gpu1", []) is None
+
+
+def _good(st: SegmentStore) -> Path:
+    p = st.write("gpu1", rows("gpu1", T0, 4))
+    assert p is not None
+    return p
+
+
+def test_symlinked_segment_is_refused(tmp_path: Path) -> None:
+    st = SegmentStore(tmp_path / "store")
+    good = _good(st)
+    elsewhere = tmp_path / "elsewhere.parquet"
+    elsewhere.write_bytes(good.read_bytes())
+    link = good.parent / good.name.replace("seg-", "seg-").replace(".parquet", "-x.parquet")
+    link.symlink_to(elsewhere)
+    frame, rep = st.read()
+    assert rep.refused["symlink"] == 1 and rep.partial and len(frame) == 8
+
+
+def test_segment_writable_by_others_is_refused(tmp_path: Path) -> None:
+    st = SegmentStore(tmp_path)
+    p = _good(st)
+    os.chmod(p, 0o666)
+    frame, rep = st.read()
+    assert rep.refused["writable_by_others"] == 1 and frame.empty
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown needs root")
+def test_segment_of_an_untrusted_owner_is_refused_unless_trusted(tmp_path: Path) -> None:
+    st = SegmentStore(tmp_path)
+    p = _good(st)
+    os.chown(p, 4242, 4242)
+    _, rep = st.read()
+    assert rep.refused["untrusted_owner"] == 1
+    frame, rep = SegmentStore(tmp_path, trusted_uids=[4242]).read()
+    assert not rep.partial and len(frame) == 8
+
+
+def test_truncated_and_corrupt_segments_are_refused_and_kept(tmp_path: Path) -> None:
+    st = SegmentStore(tmp_path)
+    a = _good(st)
+    b = st.write("gpu1", rows("gpu1", T0 + 100, 4))
+    assert b is not None
+    data = a.read_bytes()
+    a.write_bytes(data[: len(data) // 2])
+    c = b.parent / b.name.replace(".parquet", "0.parquet")
+    c.write_bytes(b"not parquet at all")
+    frame, rep = st.read()
+    assert rep.refused["corrupt"] == 2 and len(frame) == 8
+    assert a.exists() and c.exists()  # refused segments are never deleted
+
+
+def test_forged_segments_are_refused(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    st = SegmentStore(tmp_path)
+    # Samples of gpu2 written under gpu1's folder.
+    p = st.write("gpu2", rows("gpu2", T0, 2))
+    assert p is not None
+    forged_dir = tmp_path / "gpu1" / p.parent.name
+    forged_dir.mkdir(parents=True)
+    os.rename(p, forged_dir / p.name)
+    # Other columns.
+    pq.write_table(pa.table({"time": [T0], "node": ["gpu1"]}),
+                   forged_dir / f"seg-{int(T0 * 1000)}-{int(T0 * 1000)}-x-1-2-ab.parquet")
+    # Times outside the range its name claims.
+    q = st.write("gpu1", rows("gpu1", T0, 2))
+    assert q is not None
+    os.rename(q, q.parent / f"seg-1-2-{q.name.split('-', 3)[3]}")
+    # A name that is not a segment's.
+    (forged_dir / "evil.parquet").write_bytes(b"x")
+    _, rep = st.read()
+    assert rep.refused["forged"] == 3 and rep.refused["unknown_name"] == 1
+
+
+def test_compaction_merges_and_loses_nothing(tmp_path: Path) -> None:
+    st = SegmentStore(tmp_path)
+    for k in range(6):
+        st.write("gpu1", rows("gpu1", T0 + 10 * k, 10))
+    before, _ = st.read()
+    stats = st.compact(older_than_s=60, now=T0 + 1000)
+    assert stats["merged"] == 6 and stats["written"] == 1 and not stats["refused"]
+    after, rep = st.read()
+    assert len(list((tmp_path / "gpu1").rglob("*.parquet"))) == 1
+    cols = ["time", "minor", "utilization_pct"]
+    assert after[cols].sort_values(cols).reset_index(drop=True).equals(
+        before[cols].sort_values(cols).reset_index(drop=True))
+    assert rep.duplicates_dropped == 0
+
+
+def test_compaction_keeps_refused_segments(tmp_path: Path) -> None:
+    st = SegmentStore(tmp_path)
+    for k in range(3):
+        st.write("gpu1", rows("gpu1", T0 + 10 * k, 5))
+    bad = next(iter((tmp_path / "gpu1").rglob("*.parquet")))
+    bad.write_bytes(b"garbage")
+    stats = st.compact(older_than_s=60, now=T0 + 1000)
+    assert stats["merged"] == 2 and stats["refused"] == 1 and bad.exists()
+
+
+def test_readers_during_compaction_see_every_sample_once(tmp_path: Path) -> None:
+    st = SegmentStore(tmp_path)
+    for k in range(40):
+        st.write("gpu1", rows("gpu1", T0 + 10 * k, 10))
+    expected = 40 * 10 * 2
+    counts: list[int] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            frame, _ = SegmentStore(tmp_path).read()
+            counts.append(len(frame))
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    SegmentStore(tmp_path).compact(older_than_s=60, now=T0 + 10_000)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert counts and set(counts) == {expected}
+
+
+def test_many_writers_never_collide(tmp_path: Path) -> None:
+    def writer(i: int) -> None:
+        st = SegmentStore(tmp_path)
+        for _ in range(5):
+            st.write("gpu1", rows("gpu1", T0, 1))  # same times on purpose
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(list((tmp_path / "gpu1").rglob("seg-*.parquet"))) == 20
+
+
+def test_prune_removes_old_days(tmp_path: Path) -> None:
+    st = SegmentStore(tmp_path)
+    st.write("gpu1", rows("gpu1", T0, 2))
+    st.write("gpu1", rows("gpu1", T0 + 40 * 86400, 2))
+    assert st.prune(retention_days=30, now=T0 + 41 * 86400) == 1
+    frame, _ = st.read()
+    assert len(frame) == 4
+
+
+def test_node_names_cannot_escape_the_store(tmp_path: Path) -> None:
+    from hetslurm.errors import MetricsError
+
+    with pytest.raises(MetricsError):
+        SegmentStore(tmp_path).write("../etc", rows("x", T0, 1))
