@@ -45,6 +45,7 @@ import numpy as np
 
 from hetslurm.placement.model import ClusterModel, GpuLayout, NodeLayout, StateArrays
 from hetslurm.placement.request import Locality, Request
+from hetslurm.traces import traces_dir
 
 #: Targets from issue 4 at 10,000 nodes (reported beside the figures, never asserted).
 TARGETS = {"p50_us": 200.0, "p99_us": 1000.0, "speedup": 50.0, "batch_s": 2.0,
@@ -59,14 +60,6 @@ ALIBABA_GPU_MEM = {"T4": 16384, "P100": 16384, "V100M16": 16384, "V100M32": 3276
 NODES_PER_LEAF, LEAVES_PER_SPINE = 32, 8
 
 Log = Callable[[str], None]
-
-
-def traces_dir() -> Path:
-    """``$HETSLURM_TRACES``, else ``../shared/traces`` beside the repository root."""
-    env = os.environ.get("HETSLURM_TRACES")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 
 # --- clusters ---------------------------------------------------------------------------------

@@ -17,23 +17,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from hetslurm.site.names import model_name_problem
 from hetslurm.site.schema import Levers, NodeClass, QosLever
+from hetslurm.traces import TRACES_ENV, traces_dir
 
 if TYPE_CHECKING:
     from hetslurm.site.model import NodeSpec, ResolvedPartition, Site
 
 GAVEL_PREFIX = "gavel:"
-TRACES_ENV = "HETSLURM_TRACES"
-#: Where the project's shared traces live when ``$HETSLURM_TRACES`` is unset (a sibling of
-#: the checkout: ``<checkout>/../shared/traces``).
-DEFAULT_TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 _GAVEL_KEY = re.compile(r"^\('(?P<job>.+)', (?P<gpus>\d+)\)$")
 _BATCH = re.compile(r" \(batch size \d+\)$")
@@ -46,8 +43,8 @@ class SpeedTableError(ValueError):
 
 
 def expand_traces(ref: str) -> str:
-    """Expand ``$HETSLURM_TRACES`` (default: the shared traces beside the checkout)."""
-    traces = os.environ.get(TRACES_ENV) or str(DEFAULT_TRACES)
+    """Expand ``$HETSLURM_TRACES`` (default: :func:`hetslurm.traces.traces_dir`)."""
+    traces = str(traces_dir())
     return ref.replace("${" + TRACES_ENV + "}", traces).replace("$" + TRACES_ENV, traces)
 
 
@@ -236,6 +233,8 @@ def billing_weights(site: Site) -> str | None:
     # Typed GPUs only: Slurm adds every listed TRES, so GRES/gpu beside GRES/gpu:h100 would
     # bill a typed GPU twice.
     parts += [f"GRES/gpu:{m}={_num(lv.billing_gpu * speeds[m])}" for m in site.gpu_models()]
+    parts += [f"GRES/gpu:{t}={_num(lv.billing_gpu * speeds[m] * share)}"
+              for t, (m, share) in mig_billing(site).items()]
     return ",".join(parts)
 
 
@@ -332,3 +331,146 @@ def qos_records(site: Site) -> dict[str, QosLever]:
     """The QOS the site asks for, by name (empty without ``[levers.qos]``)."""
     lv = _levers(site)
     return dict(lv.qos) if lv else {}
+
+
+# ---------------------------------------------------------------- MIG partitioning
+#: Compute and memory slices of a MIG-capable GPU (A100 and H100 alike).
+MIG_COMPUTE_SLICES = 7
+MIG_MEMORY_SLICES = 8
+#: /proc/driver/nvidia-caps/mig-minors: ``config`` 1, ``monitor`` 2, then per GPU 15 GPU
+#: instances of 9 minors each (the instance's ``access`` file, then compute instances 0-7).
+MIG_MINOR_BASE = 3
+MIG_MINORS_PER_GI = 9
+MIG_GIS_PER_GPU = 15
+
+
+@dataclass(frozen=True)
+class MigProfile:
+    """One MIG profile of a card (NVIDIA MIG user guide, "Supported MIG Profiles")."""
+
+    name: str
+    compute: int  # compute slices, of MIG_COMPUTE_SLICES
+    memory: int  # memory slices, of MIG_MEMORY_SLICES
+    max_count: int  # most instances of this profile one GPU can hold
+
+
+@dataclass(frozen=True)
+class MigCard:
+    name: str
+    memory_gb: int
+    profiles: Mapping[str, MigProfile]
+
+    def gb(self, memory_slices: int) -> int:
+        return memory_slices * self.memory_gb // MIG_MEMORY_SLICES
+
+
+def _card(name: str, gb: int, unit: int) -> MigCard:
+    rows = [(f"1g.{unit}gb", 1, 1, 7), (f"1g.{unit}gb+me", 1, 1, 1),
+            (f"1g.{2 * unit}gb", 1, 2, 4), (f"2g.{2 * unit}gb", 2, 2, 3),
+            (f"3g.{4 * unit}gb", 3, 4, 2), (f"4g.{4 * unit}gb", 4, 4, 1),
+            (f"7g.{8 * unit}gb", 7, 8, 1)]
+    return MigCard(name, gb, {r[0]: MigProfile(*r) for r in rows})
+
+
+#: The cards whose MIG profiles hetslurm knows (NVIDIA's documented profile tables).
+MIG_CARDS = {c.name: c for c in (_card("A100-40GB", 40, 5), _card("A100-80GB", 80, 10),
+                                 _card("H100-80GB", 80, 10))}
+
+
+def mig_card(model: str, memory_mib: int | None) -> MigCard | None:
+    """The card a site's GPU model is, for MIG: ``a100*`` is an A100-80GB when its memory
+    (or, without one, its name) says 80 GB, else an A100-40GB; ``h100*`` is an H100-80GB."""
+    if model.startswith("a100"):
+        big = memory_mib > 48 * 1024 if memory_mib is not None else "80" in model[4:]
+        return MIG_CARDS["A100-80GB" if big else "A100-40GB"]
+    if model.startswith("h100"):
+        return MIG_CARDS["H100-80GB"]
+    return None
+
+
+def mig_type(model: str, profile: str) -> str:
+    """The Slurm gres type of a MIG slice: ``a100`` + ``3g.20gb`` -> ``a100_3g_20gb``."""
+    return f"{model}_{re.sub(r'[.+]', '_', profile)}"
+
+
+def mig_problem(model: str, profiles: Iterable[str], memory_mib: int | None) -> str | None:
+    """Why every GPU of ``model`` cannot be split into ``profiles``, or None if it can."""
+    wanted = list(profiles)
+    card = mig_card(model, memory_mib)
+    if card is None:
+        return (f"no MIG profiles are known for '{model}': hetslurm knows "
+                f"{', '.join(MIG_CARDS)} (a GPU model named a100... or h100...)")
+    if not wanted:
+        return "give at least one MIG profile per GPU"
+    for p in wanted:
+        if p not in card.profiles:
+            return (f"'{p}' is not a MIG profile of the {card.name}; it has "
+                    f"{', '.join(card.profiles)}")
+    for p in dict.fromkeys(wanted):
+        n, most = wanted.count(p), card.profiles[p].max_count
+        if n > most:
+            return f"a {card.name} holds at most {most} {p} slice(s), not {n}"
+    compute = sum(card.profiles[p].compute for p in wanted)
+    if compute > MIG_COMPUTE_SLICES:
+        return (f"{' + '.join(wanted)} need {compute} compute slices; a {card.name} has "
+                f"{MIG_COMPUTE_SLICES}")
+    memory = sum(card.profiles[p].memory for p in wanted)
+    if memory > MIG_MEMORY_SLICES:
+        return (f"{' + '.join(wanted)} need {card.gb(memory)} GB; a {card.name} has "
+                f"{card.memory_gb} GB")
+    for p in wanted:
+        problem = model_name_problem(mig_type(model, p))
+        if problem:
+            return f"the MIG type of '{p}': {problem}"
+    return None
+
+
+def mig_cap_minors(gpu: int, gpu_instance: int, compute_instance: int = 0) -> tuple[int, int]:
+    """Minors of ``/dev/nvidia-caps/nvidia-cap<N>`` for a GPU instance's ``access`` file and
+    one of its compute instances, as /proc/driver/nvidia-caps/mig-minors numbers them."""
+    base = MIG_MINOR_BASE + (gpu * MIG_GIS_PER_GPU + gpu_instance) * MIG_MINORS_PER_GI
+    return base, base + 1 + compute_instance
+
+
+def node_mig(site: Site, node: NodeSpec) -> tuple[str, ...]:
+    """The MIG profiles each GPU of ``node`` is split into (empty: GPUs stay whole)."""
+    lv = _levers(site)
+    if lv is None or not node.gpus:
+        return ()
+    return lv.mig.get(node.gpus[0].model, ())
+
+
+def node_mig_gres(site: Site, node: NodeSpec) -> list[tuple[str, int]]:
+    """``(type, count)`` of a node's MIG slices over all its GPUs, in the listed order."""
+    profiles = node_mig(site, node)
+    counts: dict[str, int] = {}
+    for p in profiles:
+        t = mig_type(node.gpus[0].model, p)
+        counts[t] = counts.get(t, 0) + len(node.gpus)
+    return list(counts.items())
+
+
+def mig_types(site: Site) -> tuple[str, ...]:
+    """Every MIG gres type of the site, models in the site's order."""
+    lv = _levers(site)
+    if lv is None:
+        return ()
+    out = [mig_type(m, p) for m in site.gpu_models() for p in lv.mig.get(m, ())]
+    return tuple(dict.fromkeys(out))
+
+
+def mig_billing(site: Site) -> dict[str, tuple[str, float]]:
+    """Per MIG type, its GPU model and the share of that GPU one slice is billed for: its
+    compute slices out of 7 (a 3g slice of an H100 bills 3/7 of a whole H100)."""
+    lv = _levers(site)
+    if lv is None:
+        return {}
+    out = {}
+    for m in site.gpu_models():
+        mem = next((c.gpus.memory for c in site.node_classes.values()
+                    if c.gpus and c.gpus.model == m), None)
+        for p in lv.mig.get(m, ()):
+            card = mig_card(m, mem)
+            assert card is not None  # load_site checked it
+            out[mig_type(m, p)] = (m, card.profiles[p].compute / MIG_COMPUTE_SLICES)
+    return out

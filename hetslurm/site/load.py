@@ -331,6 +331,7 @@ def _resolve(ctx: _Ctx, f: SiteFile, sections: dict[str, Any]) -> Site:
     fpga_order = (*f.scheduling.fpga_model_order,
                   *sorted(fpga_present - set(f.scheduling.fpga_model_order)))
     levers = _resolve_levers(ctx, sections, gpu_present, fpga_present)
+    _check_mig(ctx, levers, f.node_classes, gpu_present | fpga_present)
     if levers is not None and levers.weight_from == "power_cost":
         # Power and cost rank the models; the site's written order must agree (or be absent).
         gpu_order, fpga_order, f = _levers_order(ctx, f, levers, gpu_order, fpga_order)
@@ -580,6 +581,32 @@ def _resolve_levers(ctx: _Ctx, sections: dict[str, Any], gpu_present: set[str],
     resolved: Levers = lv.model_copy(update={"speed": speed, "speed_table": lv.speed_table})
     sections["levers"] = resolved
     return resolved
+
+
+def _check_mig(ctx: _Ctx, lv: Levers | None, classes: dict[str, NodeClass],
+               models: set[str]) -> None:
+    """``[levers.mig]``: GPU models of this site, split into profiles their card has."""
+    if lv is None:
+        return
+    for m, profiles in lv.mig.items():
+        key: KeyPath = ("levers", "mig", m)
+        gpus = [c.gpus for c in classes.values() if c.gpus]
+        memory = [g.memory for g in gpus if g.model == m]
+        if not memory:
+            raise ctx.error(key, f"'{m}' is not a GPU model of this site"
+                            f"{did_you_mean(m, {g.model for g in gpus})}")
+        if m in lv.shards:
+            raise ctx.error(key, f"'{m}' has both shards and MIG slices; give one of them")
+        sizes = sorted({x for x in memory if x is not None})
+        if len(sizes) > 1:
+            raise ctx.error(key, f"node classes give '{m}' different memory sizes; a MIG split "
+                            "needs one card")
+        problem = site_levers.mig_problem(m, profiles, sizes[0] if sizes else None)
+        if problem:
+            raise ctx.error(key, problem)
+        clash = [t for t in (site_levers.mig_type(m, p) for p in profiles) if t in models]
+        if clash:
+            raise ctx.error(key, f"MIG type '{clash[0]}' is also a device model of this site")
 
 
 def _levers_order(ctx: _Ctx, f: SiteFile, lv: Levers, gpu_order: tuple[str, ...],

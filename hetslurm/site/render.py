@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +27,9 @@ from hetslurm.site.model import Device, NodeSpec, Site
 GRES_TYPES = ("gpu", "fpga")
 NVIDIA_MAJOR = 195  # /dev/nvidiaN character devices (Linux devices.txt)
 FPGA_MAJOR = 240  # first of the "local/experimental" majors; emulated FPGAs only
+#: nvidia-caps' major is assigned at driver load (see /proc/devices); emulated ones use this.
+MIG_CAP_MAJOR = 241  # a "local/experimental" major; emulated MIG capability files only
+MIG_CAP_DIR = "/dev/nvidia-caps"
 
 EMULATED_MINOR_BASE = 128  # above any per-node index (at most 64 devices of a kind)
 
@@ -62,7 +65,12 @@ class Runtime:
 
 @dataclass(frozen=True)
 class DeviceFile:
-    """One device file gres.conf names, and (when emulated) the character device to make."""
+    """One device file gres.conf names, and (when emulated) the character device to make.
+
+    ``kind`` is ``gpu``, ``fpga`` or ``mig_cap``: a MIG capability file
+    (``/dev/nvidia-caps/nvidia-cap<minor>``) of slice ``mig_slice`` of GPU ``index``; a
+    slice has two, its GPU instance's and its compute instance's (see levers.mig_cap_minors).
+    """
 
     node: str
     kind: str
@@ -70,6 +78,7 @@ class DeviceFile:
     path: str
     major: int | None = None
     minor: int | None = None
+    mig_slice: int | None = None
 
 
 def device_files(site: Site, runtime: Runtime | None = None) -> list[DeviceFile]:
@@ -102,6 +111,27 @@ def device_files(site: Site, runtime: Runtime | None = None) -> list[DeviceFile]
                     stem = "/dev/nvidia" if kind == "gpu" else "/dev/xclmgmt"
                     paths = [f"{stem}{i}" for i in range(count)]
                 out.extend(DeviceFile(node.name, kind, i, p) for i, p in enumerate(paths))
+        out += _mig_cap_files(site, node, runtime)
+    return out
+
+
+def _mig_cap_files(site: Site, node: NodeSpec, runtime: Runtime | None) -> list[DeviceFile]:
+    """The MIG capability files of a node's slices: slice j of GPU g is GPU instance j of
+    g with compute instance 0 (the order ``nvidia-smi mig -cgi <profiles> -C`` creates them
+    in, on a GPU without other instances; docs/levers.md)."""
+    emulated = runtime is not None and runtime.device_dir
+    out = []
+    for d in node.gpus:
+        for j, _profile in enumerate(levers.node_mig(site, node)):
+            for minor in levers.mig_cap_minors(d.index, j):
+                if emulated:
+                    assert runtime is not None
+                    out.append(DeviceFile(node.name, "mig_cap", d.index,
+                                          f"{runtime.device_dir}/{node.name}/nvidia-cap{minor}",
+                                          MIG_CAP_MAJOR, minor, j))
+                else:
+                    out.append(DeviceFile(node.name, "mig_cap", d.index,
+                                          f"{MIG_CAP_DIR}/nvidia-cap{minor}", mig_slice=j))
     return out
 
 
@@ -118,6 +148,8 @@ def site_digest(site: Site) -> str:
     h.update(repr(site.scheduling).encode())
     if site.sections.get("levers") is not None:
         h.update(repr(site.sections["levers"]).encode())
+        if site.sections["levers"].mig:  # not in its repr (schema.Levers.mig)
+            h.update(repr(sorted(site.sections["levers"].mig.items())).encode())
     return h.hexdigest()[:16]
 
 
@@ -150,6 +182,7 @@ def accounting_tres(site: Site) -> str:
     tres += [f"gres/gpu:{m}" for m in site.gpu_models()]
     tres.append("gres/fpga")
     tres += [f"gres/fpga:{m}" for m in site.fpga_models()]
+    tres += [f"gres/gpu:{t}" for t in levers.mig_types(site)]
     if levers.has_shards(site):
         tres.append("gres/shard")
     return ",".join(tres)
@@ -171,9 +204,12 @@ def _global_lines(site: Site, *, accounting: bool = True) -> list[str]:
     return lines
 
 
-def _gres_string(node: NodeSpec, shards: int = 0) -> str:
+def _gres_string(node: NodeSpec, shards: int = 0, mig: Sequence[tuple[str, int]] = ()) -> str:
     parts = []
-    if node.gpus:
+    if mig:
+        # A MIG-split GPU is only its slices, each a gpu of its own type.
+        parts += [f"gpu:{t}:{n}" for t, n in mig]
+    elif node.gpus:
         parts.append(f"gpu:{node.gpus[0].model}:{len(node.gpus)}")
     if shards:
         parts.append(f"shard:{shards}")
@@ -182,7 +218,7 @@ def _gres_string(node: NodeSpec, shards: int = 0) -> str:
     return ",".join(parts)
 
 
-def _node_attrs(node: NodeSpec, shards: int = 0) -> str:
+def _node_attrs(node: NodeSpec, shards: int = 0, mig: Sequence[tuple[str, int]] = ()) -> str:
     s = node.spec
     attrs = [
         f"CPUs={node.cpus}",
@@ -192,7 +228,7 @@ def _node_attrs(node: NodeSpec, shards: int = 0) -> str:
         f"ThreadsPerCore={s.threads_per_core}",
         f"RealMemory={s.memory}",
     ]
-    gres = _gres_string(node, shards)
+    gres = _gres_string(node, shards, mig)
     if gres:
         attrs.append(f"Gres={gres}")
     attrs.append(f"Feature={','.join(node.features)}")
@@ -206,13 +242,16 @@ def _node_lines(site: Site, runtime: Runtime | None) -> list[str]:
         # Many slurmd on one host: each node needs its own line for its own Port.
         for node in site.nodes:
             addr = f" NodeAddr={runtime.node_addr}" if runtime.node_addr else ""
+            attrs = _node_attrs(node, levers.node_shards(site, node),
+                                levers.node_mig_gres(site, node))
             lines.append(f"NodeName={node.name}{addr} Port={runtime.node_ports[node.name]} "
-                         f"{_node_attrs(node, levers.node_shards(site, node))} State=UNKNOWN")
+                         f"{attrs} State=UNKNOWN")
         return lines
     # Group consecutive nodes with identical attributes into one hostlist line.
     groups: list[tuple[str, list[str]]] = []
     for node in site.nodes:
-        attrs = _node_attrs(node, levers.node_shards(site, node))
+        attrs = _node_attrs(node, levers.node_shards(site, node),
+                            levers.node_mig_gres(site, node))
         if groups and groups[-1][0] == attrs:
             groups[-1][1].append(node.name)
         else:
@@ -249,7 +288,12 @@ def render_gres_conf(site: Site, runtime: Runtime | None = None) -> str:
     NVLink island. Slurm 22.05 keeps a job inside one island only through core affinity
     (measured: with ``Links=`` alone a 4-GPU job was split across islands), so ``Cores=``
     matters more than ``Links=`` here."""
-    files = {(f.node, f.kind, f.index): f.path for f in device_files(site, runtime)}
+    all_files = device_files(site, runtime)
+    files = {(f.node, f.kind, f.index): f.path for f in all_files if f.kind != "mig_cap"}
+    caps: dict[tuple[str, int, int], list[str]] = {}
+    for f in all_files:
+        if f.kind == "mig_cap" and f.mig_slice is not None:
+            caps.setdefault((f.node, f.index, f.mig_slice), []).append(f.path)
     lines = _header(site, "gres.conf")
     lines.append("AutoDetect=off")
     # Nodes whose device lines are identical share one NodeName=<hostlist> block; emulated
@@ -257,8 +301,16 @@ def render_gres_conf(site: Site, runtime: Runtime | None = None) -> str:
     blocks: dict[tuple[str, ...], list[str]] = {}
     for node in site.nodes:
         body: list[str] = []
+        mig = levers.node_mig(site, node)
         for kind, devices in (("gpu", node.gpus), ("fpga", node.fpgas)):
             for d in devices:
+                parent = files[(node.name, kind, d.index)]
+                if kind == "gpu" and mig:
+                    # One record per slice: the parent GPU and the slice's capability files.
+                    body += [f"Name=gpu Type={levers.mig_type(d.model, p)} MultipleFiles="
+                             f"{','.join([parent, *caps[(node.name, d.index, j)]])} "
+                             f"Cores={_ranges(d.cores)}" for j, p in enumerate(mig)]
+                    continue
                 entry = (f"Name={kind} Type={d.model} File={files[(node.name, kind, d.index)]} "
                          f"Cores={_ranges(d.cores)}")
                 if kind == "gpu" and len(devices) > 1:

@@ -313,6 +313,11 @@ class Levers(_Strict):
     gpu_reserve: dict[str, GpuReserve] = Field(default_factory=dict)
     #: ``gres/shard`` per GPU by model: jobs asking ``--gres=shard:N`` share a GPU.
     shards: dict[str, Annotated[StrictInt, Field(ge=1, le=128)]] = Field(default_factory=dict)
+    #: MIG profiles every GPU of a model is split into (``a100 = ["3g.20gb", "1g.5gb"]``);
+    #: each slice becomes a gpu gres of its own type (``a100_3g_20gb``), docs/levers.md.
+    #: (Kept out of repr so the digest of sites without MIG stays as it was; render.py
+    #: hashes it on its own.)
+    mig: dict[str, tuple[str, ...]] = Field(default_factory=dict, repr=False)
     qos: dict[str, QosLever] = Field(default_factory=dict)
 
 

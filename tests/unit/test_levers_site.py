@@ -3,7 +3,6 @@ names; and the loader's cross-checks for ``[levers]``."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -13,12 +12,13 @@ from hetslurm.site import levers as lv
 from hetslurm.site import load_site
 from hetslurm.site.load import parse_site
 from hetslurm.site.render import render
+from hetslurm.traces import traces_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ROOT / "tests" / "data" / "levers" / "small.toml"
 BASE = SMALL.read_text()
 ORDER = 'def_mem_per_cpu = 256\ngpu_model_order = ["a100", "h100"]'
-GAVEL = Path(os.environ.get("HETSLURM_TRACES") or lv.DEFAULT_TRACES) / "gavel" / \
+GAVEL = traces_dir() / "gavel" / \
     "simulation_throughputs.json"
 
 
