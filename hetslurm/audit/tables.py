@@ -328,7 +328,7 @@ _LOCALITY_RE = re.compile(r"locality=([A-Za-z0-9_-]+)")
 
 def _island_stats(site: Site | None, node: str, idx_text: str) -> tuple[int, int, str | None]:
     """(islands used, fewest islands that could hold them, leaf switch) of one node."""
-    from hetslurm.metrics.samples import parse_index_list
+    from hetslurm.slurm.units import parse_indices
 
     if site is None:
         return 0, 0, None
@@ -336,7 +336,7 @@ def _island_stats(site: Site | None, node: str, idx_text: str) -> tuple[int, int
         spec = site.node(node)
     except KeyError:
         return 0, 0, None
-    idx = parse_index_list(idx_text)
+    idx = parse_indices(idx_text)
     if not spec.gpus or not idx:
         return 0, 0, spec.leaf_switch
     sizes: dict[int, int] = {}

@@ -31,6 +31,7 @@ from hetslurm.metrics.gres import (
 from hetslurm.metrics.nvml import NvmlSource
 from hetslurm.metrics.store import SegmentStore
 from hetslurm.slurm.backend import JobInfo, NodeStateChange, SlurmBackend
+from hetslurm.slurm.units import format_indices
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +184,7 @@ class Collector:
             "time": t, "node": node, "nvml_index": nvml_index, "minor": minor, "uuid": uuid,
             "gpu_model": model, "slurm_index": index,
             "job_id": job[0] if job else None,
-            "job_gpus": S.index_list(job[1]) if job else None,
+            "job_gpus": format_indices(job[1]) if job else None,
             "utilization_pct": r.utilization_pct if r and status == S.STATUS_OK else None,
             "memory_used_mib": r.memory_used_mib if r else None,
             "memory_total_mib": r.memory_total_mib if r else None,

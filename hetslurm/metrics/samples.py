@@ -79,31 +79,3 @@ def arrow_schema() -> Any:
              "int16": pa.int16(), "int32": pa.int32(), "int64": pa.int64(), "int8": pa.int8(),
              "bool": pa.bool_()}
     return pa.schema([(name, types[t]) for name, t in COLUMNS.items()])
-
-
-def index_list(indices: list[int] | tuple[int, ...]) -> str:
-    """[0,1,2,4] -> '0-2,4' (Slurm's IDX form)."""
-    vals = sorted(set(indices))
-    parts: list[str] = []
-    i = 0
-    while i < len(vals):
-        j = i
-        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
-            j += 1
-        parts.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
-def parse_index_list(text: str | None) -> tuple[int, ...]:
-    """'0-2,4' -> (0, 1, 2, 4); '' or None -> ()."""
-    if not text:
-        return ()
-    out: list[int] = []
-    for part in text.split(","):
-        if "-" in part:
-            a, b = part.split("-", 1)
-            out.extend(range(int(a), int(b) + 1))
-        else:
-            out.append(int(part))
-    return tuple(out)

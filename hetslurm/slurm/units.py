@@ -275,6 +275,20 @@ def parse_indices(text: str | None) -> tuple[int, ...]:
     return tuple(out)
 
 
+def format_indices(indices: Iterable[int]) -> str:
+    """``(0, 1, 2, 4)`` to ``0-2,4`` (Slurm's IDX form); empty to ``""``."""
+    vals = sorted(set(indices))
+    parts: list[str] = []
+    i = 0
+    while i < len(vals):
+        j = i
+        while j + 1 < len(vals) and vals[j + 1] == vals[j] + 1:
+            j += 1
+        parts.append(str(vals[i]) if i == j else f"{vals[i]}-{vals[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
 def parse_gres(text: str | None) -> tuple[GresItem, ...]:
     """Parse a GRES list as Slurm prints it in node, job and request fields.
 

@@ -24,11 +24,10 @@ from hetslurm.cli import cli
 from hetslurm.metrics.collector import Collector
 from hetslurm.metrics.fake_nvml import FakeNvml, scenario_for_devices
 from hetslurm.metrics.gres import device_minor, load_gres_conf
-from hetslurm.metrics.samples import index_list
 from hetslurm.metrics.store import SegmentStore
 from hetslurm.site import Site
 from hetslurm.slurm import get_backend
-from hetslurm.slurm.units import expand_hostlist
+from hetslurm.slurm.units import expand_hostlist, format_indices
 from hetslurm.testbed import Testbed
 
 SLEEP_S = 20
@@ -105,7 +104,7 @@ def test_collect_attributes_samples_and_audit_finds_the_idle_job(
         got = {(str(n), int(i)) for n, i in zip(mine["node"], mine["slurm_index"], strict=True)}
         want = {(n, i) for n, idx in alloc[name].items() for i in idx}
         assert got == want, name
-        assert set(mine["job_gpus"].astype(str)) == {index_list(alloc[name][n])
+        assert set(mine["job_gpus"].astype(str)) == {format_indices(alloc[name][n])
                                                      for n in alloc[name]}
         util = mine["utilization_pct"].dropna()
         assert (util == (0.0 if name == "idle" else BUSY_PCT)).all(), name

@@ -147,3 +147,12 @@ def test_parse_tres_converts_memory() -> None:
         "gres/gpu:a100": 4,
     }
     assert units.parse_tres("(null)") == {}
+
+
+def test_format_indices_is_the_inverse_of_parse_indices() -> None:
+    from hetslurm.slurm.units import format_indices, parse_indices
+
+    assert format_indices([4, 0, 1, 2, 2]) == "0-2,4"
+    assert format_indices([]) == ""
+    for text in ("0", "0-3", "1,3,5-7"):
+        assert format_indices(parse_indices(text)) == text
