@@ -73,6 +73,9 @@ def _register() -> None:
     from hetslurm.cli import place_cmd
 
     place_cmd.register(cli)
+    from hetslurm.cli import simulate_cmd
+
+    simulate_cmd.register(cli)
 
 
 _register()

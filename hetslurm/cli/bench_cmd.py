@@ -148,5 +148,30 @@ def bench_placement_cmd(sizes: str, no_alibaba: bool, calls: int, reference_call
          title="placement benchmark", document=res)
 
 
+@bench.command("simulate")
+@click.option("--site", "site_file", type=click.Path(dir_okay=False),
+              default="site-configs/case-study.toml", show_default=True, help="Site file.")
+@click.option("--params", "params_file", type=click.Path(dir_okay=False),
+              default="site-configs/simulate-params.toml", show_default=True,
+              help="Simulator assumptions.")
+@click.option("--jobs", "limit", type=click.IntRange(1), default=None,
+              help="First N jobs of each trace [default: all].")
+@format_option
+def bench_simulate_cmd(site_file: str, params_file: str, limit: int | None,
+                       output_format: str) -> None:
+    """Replay speed of `hetslurm simulate` per policy on the Alibaba and Philly traces.
+
+    JSON entries: trace, policy, load, jobs, dropped, seconds, jobs_per_s, mean_queue_depth,
+    scheduling_passes, reservations (docs/simulate.md).
+    """
+    from hetslurm.simulate.bench import bench_simulate
+    from hetslurm.simulate.params import load_params
+    from hetslurm.site.load import load_site
+
+    rows = bench_simulate(load_site(site_file), load_params(params_file),
+                          policies=("slurm-default", "hetslurm"), limit=limit)
+    emit(rows, output_format, title="simulate benchmark", document=rows)
+
+
 def register(cli: click.Group) -> None:
     cli.add_command(bench)

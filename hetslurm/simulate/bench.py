@@ -1,0 +1,60 @@
+"""``hetslurm bench simulate``: replay speed per policy on the Alibaba and Philly traces."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hetslurm.placement.model import ClusterModel
+from hetslurm.simulate.engine import replay
+from hetslurm.simulate.params import Params
+from hetslurm.simulate.traces import TraceError, read_trace, traces_dir
+from hetslurm.simulate.workload import build_jobs, node_weights, partition_nodes
+from hetslurm.site.model import Site
+
+#: (name, path under $HETSLURM_TRACES, format, load): loads chosen so that the 100-GPU case
+#: study queues but does not diverge (docs/evidence.md: Alibaba bounded up to about 4,
+#: Philly up to about 0.05).
+DEFAULT_RUNS = (
+    ("alibaba", "alibaba-gpu-v2023/openb_pod_list_default.csv", "alibaba", 4.0),
+    ("philly", "sia-philly/philly.csv", "philly", 0.05),
+)
+
+
+def bench_simulate(site: Site, params: Params, *, policies: Sequence[str],
+                   limit: int | None = None,
+                   runs: Sequence[tuple[str, str, str, float]] = DEFAULT_RUNS,
+                   ) -> list[dict[str, Any]]:
+    """Time one replay per trace and policy (job preparation excluded).
+
+    Raises:
+        TraceError: ``$HETSLURM_TRACES`` lacks a trace.
+    """
+    root = traces_dir()
+    base = ClusterModel.from_site(site)
+    out: list[dict[str, Any]] = []
+    for name, rel, fmt, load in runs:
+        path = Path(root) / rel
+        if not path.is_file():
+            raise TraceError(f"{path}: trace missing (set HETSLURM_TRACES)")
+        trace = read_trace(path, fmt)
+        sample = trace.jobs[:limit]
+        jobs, dropped = build_jobs(sample, fmt, site, params, policies)
+        for p in policies:
+            model = node_weights(base, params.policies[p])
+            parts = {n: partition_nodes(site, model, n) for n in {j.partition for j in jobs[p]}}
+            began = time.perf_counter()
+            res = replay(model, jobs[p], parts, backfill_depth=params.backfill_depth, load=load)
+            seconds = time.perf_counter() - began
+            span = max(res.makespan - res.first_submit, 1e-9)
+            out.append({
+                "trace": name, "policy": p, "load": load, "jobs": len(jobs[p]),
+                "dropped": sum(dropped.values()), "seconds": round(seconds, 3),
+                "jobs_per_s": round(len(jobs[p]) / seconds, 1) if seconds > 0 else None,
+                "mean_queue_depth": round(res.stats.queue_area / span, 3),
+                "scheduling_passes": res.stats.passes,
+                "reservations": res.stats.reservations,
+            })
+    return out

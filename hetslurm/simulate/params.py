@@ -1,0 +1,220 @@
+"""The simulator's assumptions, loaded from ``site-configs/simulate-params.toml``.
+
+Every number the replay uses that is not in the site or the trace comes from this file; the
+code holds no defaults for them. Unknown keys are refused with the file, the key and a
+"did you mean".
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hetslurm.errors import ConfigError
+
+SCHEMA = "hetslurm-simulate-params/1"
+POLICIES = ("slurm-default", "hetslurm")
+SCORE_KEYS = ("model", "islands", "numa", "leftover", "load", "energy", "weight")
+
+
+@dataclass(frozen=True)
+class PolicyParams:
+    """How one policy renders the cluster and rewrites jobs."""
+
+    name: str
+    node_weights: str  # "uniform" (every node Weight=1) or "site" (the site's weights)
+    gpu_partition: str  # a partition name, "*" (all nodes) or "class"
+    cpu_partition: str
+    use_classes: bool
+    use_priority: bool
+    score: Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Params:
+    """All assumptions (see the TOML file for each one's source)."""
+
+    path: str
+    cpu_class: str
+    io_gpu_milli_below: int
+    cpu_slowdown_of_io_jobs: float
+    untyped_shares: Mapping[str, float]
+    gavel_family: Mapping[str, str]
+    speeds: Mapping[str, Mapping[str, float]]
+    reference_model: Mapping[str, str]
+    time_limit_factor: float
+    max_runtime_s: float
+    cores_per_gpu: int
+    cores_per_cpu_job: int
+    fractional_gpu: str
+    oversize: str
+    priority_by_qos: Mapping[str, str]
+    backfill_depth: int
+    policies: Mapping[str, PolicyParams]
+    bounded_mean_wait_s: float
+
+    def speed(self, cls: str, model: str) -> float:
+        """Relative speed of ``model`` for class ``cls``.
+
+        Raises:
+            ConfigError: the file gives no speed for that class and model.
+        """
+        try:
+            return self.speeds[cls][model]
+        except KeyError:
+            raise ConfigError(
+                f"{self.path}: [speeds] has no speed for class '{cls}' on model '{model}'; "
+                "add it with its source"
+            ) from None
+
+
+class _Table:
+    """One TOML table whose keys are consumed; what is left over is refused."""
+
+    def __init__(self, data: Any, where: str, path: str) -> None:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{path}: [{where}] must be a table")
+        self.data = dict(data)
+        self.where = where
+        self.path = path
+        self.used: set[str] = set()
+
+    def _get(self, key: str) -> Any:
+        if key not in self.data:
+            raise ConfigError(f"{self.path}: [{self.where}] lacks '{key}'")
+        self.used.add(key)
+        return self.data[key]
+
+    def str_(self, key: str, choices: tuple[str, ...] | None = None) -> str:
+        v = self._get(key)
+        if not isinstance(v, str) or (choices is not None and v not in choices):
+            want = f"one of {choices}" if choices else "a string"
+            raise ConfigError(f"{self.path}: [{self.where}] {key} = {v!r} is not {want}")
+        return v
+
+    def int_(self, key: str, low: int = 0) -> int:
+        v = self._get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < low:
+            raise ConfigError(
+                f"{self.path}: [{self.where}] {key} = {v!r} is not an integer >= {low}")
+        return v
+
+    def num(self, key: str, low: float = 0.0) -> float:
+        v = self._get(key)
+        if isinstance(v, bool) or not isinstance(v, int | float) or v < low:
+            raise ConfigError(
+                f"{self.path}: [{self.where}] {key} = {v!r} is not a number >= {low}")
+        return float(v)
+
+    def bool_(self, key: str) -> bool:
+        v = self._get(key)
+        if not isinstance(v, bool):
+            raise ConfigError(f"{self.path}: [{self.where}] {key} = {v!r} is not true/false")
+        return v
+
+    def table(self, key: str) -> _Table:
+        return _Table(self._get(key), f"{self.where}.{key}" if self.where else key, self.path)
+
+    def mapping(self, key: str, kind: type) -> dict[str, Any]:
+        t = self.table(key)
+        out: dict[str, Any] = {}
+        for k, v in t.data.items():
+            ok = isinstance(v, kind) and not isinstance(v, bool)
+            if kind is float:
+                ok = isinstance(v, int | float) and not isinstance(v, bool) and v > 0
+            if not ok:
+                raise ConfigError(
+                    f"{self.path}: [{t.where}] {k} = {v!r} is not a {kind.__name__}")
+            out[k] = float(v) if kind is float else v
+        return out
+
+    def done(self) -> None:
+        extra = sorted(set(self.data) - self.used)
+        if extra:
+            close = difflib.get_close_matches(extra[0], sorted(set(self.data) | self.used), n=2)
+            close = [c for c in close if c != extra[0]]
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(
+                f"{self.path}: [{self.where or 'top level'}] unknown key '{extra[0]}'{hint}")
+
+
+def load_params(path: str | Path) -> Params:
+    """Read and check a parameter file.
+
+    Raises:
+        ConfigError: the file is missing, is not TOML, or a key is unknown, missing or of
+            the wrong type (the message names the file and the key).
+    """
+    p = str(path)
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read the parameter file: {e.strerror}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from e
+    top = _Table(raw, "", p)
+    if top.str_("schema") != SCHEMA:
+        raise ConfigError(f"{p}: schema must be '{SCHEMA}'")
+    c = top.table("classify")
+    speeds_t = top.table("speeds")
+    speeds = {cls: speeds_t.mapping(cls, float) for cls in list(speeds_t.data)}
+    r = top.table("runtime")
+    j = top.table("jobs")
+    s = top.table("scheduler")
+    m = top.table("measures")
+    pol_t = top.table("policy")
+    policies: dict[str, PolicyParams] = {}
+    for name in list(pol_t.data):
+        if name not in POLICIES:
+            raise ConfigError(
+                f"{p}: [policy.{name}] is not a policy; policies: {', '.join(POLICIES)}")
+        t = pol_t.table(name)
+        score_t = t.table("score")
+        score = {k: score_t.int_(k) for k in SCORE_KEYS}
+        score_t.done()
+        policies[name] = PolicyParams(
+            name=name,
+            node_weights=t.str_("node_weights", ("uniform", "site")),
+            gpu_partition=t.str_("gpu_partition"),
+            cpu_partition=t.str_("cpu_partition"),
+            use_classes=t.bool_("use_classes"),
+            use_priority=t.bool_("use_priority"),
+            score=score,
+        )
+        t.done()
+    pol_t.done()
+    shares = c.mapping("untyped_shares", float)
+    params = Params(
+        path=p,
+        cpu_class=c.str_("cpu_class"),
+        io_gpu_milli_below=c.int_("io_gpu_milli_below"),
+        cpu_slowdown_of_io_jobs=c.num("cpu_slowdown_of_io_jobs", 1e-9),
+        untyped_shares=shares,
+        gavel_family=c.mapping("gavel_family", str),
+        speeds=speeds,
+        reference_model=r.mapping("reference_model", str),
+        time_limit_factor=r.num("time_limit_factor", 1.0),
+        max_runtime_s=r.num("max_runtime_s"),
+        cores_per_gpu=j.int_("cores_per_gpu", 1),
+        cores_per_cpu_job=j.int_("cores_per_cpu_job", 1),
+        fractional_gpu=j.str_("fractional_gpu", ("round-up", "drop")),
+        oversize=j.str_("oversize", ("drop",)),
+        priority_by_qos=j.mapping("priority_by_qos", str),
+        backfill_depth=s.int_("backfill_depth", 0),
+        policies=policies,
+        bounded_mean_wait_s=m.num("bounded_mean_wait_s", 1e-9),
+    )
+    for t in (c, speeds_t, r, j, s, m, top):
+        t.done()
+    bad = [v for v in params.priority_by_qos.values() if v not in ("high", "normal", "low")]
+    if bad:
+        raise ConfigError(f"{p}: [jobs] priority_by_qos value {bad[0]!r} is not high/normal/low")
+    for cls in shares:
+        if cls not in speeds:
+            raise ConfigError(
+                f"{p}: [classify] untyped_shares names class '{cls}' without [speeds]")
+    return params

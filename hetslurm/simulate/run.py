@@ -1,0 +1,127 @@
+"""One simulation: a trace, a site, the parameters, policies x loads; measures and ratios."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hetslurm.errors import ConfigError
+from hetslurm.placement.model import ClusterModel
+from hetslurm.simulate.engine import replay
+from hetslurm.simulate.measures import measure
+from hetslurm.simulate.params import Params
+from hetslurm.simulate.traces import Trace
+from hetslurm.simulate.workload import build_jobs, node_weights, partition_nodes
+from hetslurm.site.model import Site
+
+
+@dataclass(frozen=True)
+class RunTrace:
+    """Per-job outcomes of one replay, for plots: waits (s) and (start, end, GPUs)."""
+
+    waits: list[float]
+    intervals: list[tuple[float, float, int]]
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """Rows (one per policy and load) and a summary per policy."""
+
+    rows: list[dict[str, Any]]
+    summary: list[dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+    traces: dict[tuple[str, float], RunTrace] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"meta": self.meta, "rows": self.rows, "summary": self.summary}
+
+
+def simulate(
+    site: Site, trace: Trace, params: Params, *, policies: Sequence[str],
+    loads: Sequence[float], first: int = 0, limit: int | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> SimulationResult:
+    """Replay ``trace`` (jobs ``first .. first+limit``) under each policy at each load.
+
+    Raises:
+        ConfigError: a policy the parameter file does not define, a load <= 0, a partition
+            the site lacks, or a speed the parameter file lacks.
+    """
+    for p in policies:
+        if p not in params.policies:
+            raise ConfigError(f"{params.path}: no [policy.{p}]; defined: "
+                              f"{', '.join(params.policies)}")
+    if not loads or any(x <= 0 for x in loads):
+        raise ConfigError("--load values must be > 0")
+    sample = trace.jobs[first: None if limit is None else first + limit]
+    if not sample:
+        raise ConfigError(f"{trace.path}: no job in the selected range")
+    t0 = sample[0].submit
+    from hetslurm.simulate.traces import TraceJob
+
+    sample = tuple(TraceJob(j.id, j.submit - t0, j.duration, j.gpus, j.gpu_milli, j.cores,
+                            j.mem_mib, j.job_type, j.steps, j.qos) for j in sample)
+    jobs, dropped = build_jobs(sample, trace.format, site, params, policies)
+    base = ClusterModel.from_site(site)
+    rows: list[dict[str, Any]] = []
+    traces: dict[tuple[str, float], RunTrace] = {}
+    for p in policies:
+        model = node_weights(base, params.policies[p])
+        names = {j.partition for j in jobs[p]}
+        parts = {name: partition_nodes(site, model, name) for name in names}
+        for load in loads:
+            began = time.perf_counter()
+            tick = None
+            if progress is not None:
+                def tick(done: int, _p: str = p, _n: int = len(jobs[p])) -> None:
+                    progress(_p, done, _n)
+            res = replay(model, jobs[p], parts, backfill_depth=params.backfill_depth,
+                         load=load, progress=tick)
+            row: dict[str, Any] = {"policy": p, "load": load}
+            row.update(measure(model, res))
+            row["seconds"] = round(time.perf_counter() - began, 3)
+            rows.append(row)
+            traces[(p, load)] = RunTrace(
+                [r.start - r.submit for r in res.records],
+                [(r.start, r.end, r.job.gpus) for r in res.records],
+            )
+    summary = _summary(rows, params, policies, loads)
+    meta = {
+        "site": site.name, "trace": trace.path, "format": trace.format,
+        "first": first, "jobs_selected": len(sample),
+        "jobs_replayed": len(jobs[policies[0]]) if policies else 0,
+        "dropped": dropped, "skipped_by_reader": trace.skipped, "params": params.path,
+    }
+    return SimulationResult(rows, summary, meta, traces)
+
+
+def _summary(rows: list[dict[str, Any]], params: Params, policies: Sequence[str],
+             loads: Sequence[float]) -> list[dict[str, Any]]:
+    """Per policy: the highest load whose mean wait is bounded, and ratios to slurm-default."""
+    by = {(r["policy"], r["load"]): r for r in rows}
+    out = []
+    for p in policies:
+        bounded = [x for x in loads if by[(p, x)]["mean_wait_s"] <= params.bounded_mean_wait_s
+                   and by[(p, x)]["unfinished"] == 0]
+        entry: dict[str, Any] = {
+            "policy": p,
+            "max_bounded_load": max(bounded) if bounded else None,
+            "bounded_mean_wait_s": params.bounded_mean_wait_s,
+        }
+        if "slurm-default" in policies and p != "slurm-default":
+            for x in loads:
+                a, b = by[(p, x)], by[("slurm-default", x)]
+                entry[f"wait_ratio@{x:g}"] = _ratio(a["mean_wait_s"], b["mean_wait_s"])
+                entry[f"throughput_ratio@{x:g}"] = _ratio(a["completions_per_h_saturated"],
+                                                         b["completions_per_h_saturated"])
+                entry[f"jct_ratio@{x:g}"] = _ratio(a["mean_jct_s"], b["mean_jct_s"])
+        out.append(entry)
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, 4)

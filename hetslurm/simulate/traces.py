@@ -1,0 +1,314 @@
+"""Readers for the public workload traces in ``$HETSLURM_TRACES``.
+
+Each reader returns :class:`TraceJob` records sorted by submit time, with times in seconds
+from the trace's first submission. A malformed row raises :class:`TraceError` naming the
+file, the line and the field; rows that are well formed but cannot be replayed (an Alibaba
+pod that was never scheduled) are skipped and counted in :attr:`Trace.skipped`.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import zipfile
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from hetslurm.errors import ConfigError
+
+FORMATS = ("alibaba", "philly", "gavel", "swf")
+
+
+class TraceError(ConfigError):
+    """A trace file is missing or has a malformed row."""
+
+
+@dataclass(frozen=True)
+class TraceJob:
+    """One job as the trace gives it.
+
+    Attributes:
+        id: the trace's job name or number.
+        submit: seconds since the trace's first submission.
+        duration: measured runtime in seconds on the trace's own hardware; ``None`` for
+            Gavel jobs, whose runtime is ``steps`` divided by the measured throughput.
+        gpus: GPUs asked for (0 = CPU-only).
+        gpu_milli: share of each GPU asked for, per mille (1000 = whole GPUs).
+        cores: CPU cores asked for, ``None`` when the trace does not say.
+        mem_mib: memory asked for, ``None`` when the trace does not say.
+        job_type: Gavel's job type (``"ResNet-18 (batch size 32)"``), else ``None``.
+        steps: Gavel's total steps, else ``None``.
+        qos: Alibaba's QOS (LS, BE, ...), else ``None``.
+    """
+
+    id: str
+    submit: float
+    duration: float | None
+    gpus: int
+    gpu_milli: int = 1000
+    cores: int | None = None
+    mem_mib: int | None = None
+    job_type: str | None = None
+    steps: float | None = None
+    qos: str | None = None
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Jobs of one trace file, sorted by submit time."""
+
+    path: str
+    format: str
+    jobs: tuple[TraceJob, ...]
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+def traces_dir() -> Path:
+    """``$HETSLURM_TRACES``, else ``../shared/traces`` beside the repository root."""
+    env = os.environ.get("HETSLURM_TRACES")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parents[2].parent / "shared" / "traces"
+
+
+def read_trace(path: str | Path, fmt: str) -> Trace:
+    """Read ``path`` as a trace of format ``fmt`` (one of :data:`FORMATS`).
+
+    Raises:
+        TraceError: unknown format, missing file or malformed row.
+    """
+    readers: dict[str, Callable[[Path], Trace]] = {
+        "alibaba": read_alibaba, "philly": read_philly, "gavel": read_gavel, "swf": read_swf,
+    }
+    if fmt not in readers:
+        raise TraceError(f"unknown trace format '{fmt}'; formats: {', '.join(FORMATS)}")
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError(f"{p}: no such trace file")
+    return readers[fmt](p)
+
+
+class _Row:
+    """Field access with errors that name the file, line and field."""
+
+    def __init__(self, path: Path, line: int, values: dict[str, str]) -> None:
+        self.path, self.line, self.values = path, line, values
+
+    def err(self, name: str, why: str) -> TraceError:
+        return TraceError(f"{self.path}:{self.line}: field '{name}' {why}")
+
+    def text(self, name: str) -> str:
+        v = self.values.get(name)
+        if v is None:
+            raise self.err(name, "is missing (short row)")
+        return v.strip()
+
+    def num(self, name: str, *, low: float = 0.0) -> float:
+        raw = self.text(name)
+        try:
+            v = float(raw)
+        except ValueError:
+            raise self.err(name, f"= {raw!r} is not a number") from None
+        if not math.isfinite(v) or v < low:
+            raise self.err(name, f"= {raw!r} is out of range (>= {low:g})")
+        return v
+
+    def int_(self, name: str, *, low: int = 0) -> int:
+        v = self.num(name, low=low)
+        if not v.is_integer():
+            raise self.err(name, f"= {self.text(name)!r} is not a whole number")
+        return int(v)
+
+
+def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[_Row]:
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.reader(handle)
+        header = next(reader, None)
+        if header is None:
+            raise TraceError(f"{path}: empty file")
+        header = [h.strip() for h in header]
+        missing = [r for r in required if r not in header]
+        if missing:
+            raise TraceError(f"{path}:1: header lacks column(s) {', '.join(missing)}")
+        for values in reader:
+            if not values or all(not v.strip() for v in values):
+                continue
+            if len(values) != len(header):
+                raise TraceError(
+                    f"{path}:{reader.line_num}: {len(values)} fields, header has {len(header)}"
+                )
+            yield _Row(path, reader.line_num, dict(zip(header, values, strict=True)))
+
+
+def _finish(path: Path, fmt: str, jobs: Iterable[TraceJob], skipped: dict[str, int]) -> Trace:
+    ordered = sorted(jobs, key=lambda j: (j.submit, j.id))
+    if not ordered:
+        raise TraceError(f"{path}: no replayable job in the trace")
+    t0 = ordered[0].submit
+    shifted = tuple(
+        TraceJob(j.id, j.submit - t0, j.duration, j.gpus, j.gpu_milli, j.cores, j.mem_mib,
+                 j.job_type, j.steps, j.qos)
+        for j in ordered
+    )
+    return Trace(str(path), fmt, shifted, {k: v for k, v in skipped.items() if v})
+
+
+# --- Alibaba cluster-trace-gpu-v2023 -------------------------------------------------------
+
+ALIBABA_POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "qos",
+                       "pod_phase", "creation_time", "deletion_time", "scheduled_time")
+
+
+def read_alibaba(path: Path) -> Trace:
+    """``openb_pod_list_*.csv``: submit = creation_time, runtime = deletion - scheduled.
+
+    A pod never scheduled (``scheduled_time`` empty, phase Pending) has no runtime and is
+    skipped (``never_scheduled``). ``gpu_milli`` is the share of each GPU (per mille).
+    """
+    jobs: list[TraceJob] = []
+    skipped = {"never_scheduled": 0}
+    for row in _csv_rows(path, ALIBABA_POD_COLUMNS):
+        if not row.text("scheduled_time") or not row.text("deletion_time"):
+            skipped["never_scheduled"] += 1
+            continue
+        created = row.num("creation_time")
+        start = row.num("scheduled_time")
+        end = row.num("deletion_time")
+        if end < start:
+            raise row.err("deletion_time", f"= {end:g} is before scheduled_time {start:g}")
+        gpus = row.int_("num_gpu")
+        milli = row.int_("gpu_milli") if gpus else 1000
+        if gpus and not 0 < milli <= 1000:
+            raise row.err("gpu_milli", f"= {milli} is not in 1..1000")
+        jobs.append(TraceJob(
+            id=row.text("name"), submit=created, duration=end - start, gpus=gpus,
+            gpu_milli=milli, cores=max(1, math.ceil(row.num("cpu_milli") / 1000)),
+            mem_mib=row.int_("memory_mib"), qos=row.text("qos") or None,
+        ))
+    return _finish(path, "alibaba", jobs, skipped)
+
+
+@dataclass(frozen=True)
+class AlibabaNode:
+    """One row of ``openb_node_list_all_node.csv``."""
+
+    name: str
+    cores: int
+    memory_mib: int
+    gpus: int
+    model: str | None
+
+
+def read_alibaba_nodes(path: str | Path) -> tuple[AlibabaNode, ...]:
+    """The Alibaba cluster's nodes (``sn,cpu_milli,memory_mib,gpu,model``).
+
+    Raises:
+        TraceError: missing file or malformed row.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise TraceError(f"{p}: no such node list")
+    out = []
+    for row in _csv_rows(p, ("sn", "cpu_milli", "memory_mib", "gpu", "model")):
+        gpus = row.int_("gpu")
+        model = row.text("model") or None
+        if gpus and model is None:
+            raise row.err("model", "is empty on a node with GPUs")
+        out.append(AlibabaNode(row.text("sn"), row.int_("cpu_milli") // 1000,
+                               row.int_("memory_mib"), gpus, model))
+    return tuple(out)
+
+
+# --- Philly as packaged by Sia -------------------------------------------------------------
+
+
+def read_philly(path: Path) -> Trace:
+    """Sia's ``philly.csv``: ``timestamp,duration,num_gpus,gpu_time,cluster``."""
+    jobs: list[TraceJob] = []
+    for row in _csv_rows(path, ("timestamp", "duration", "num_gpus")):
+        raw = row.text("timestamp")
+        try:
+            when = datetime.fromisoformat(raw)
+            submit = (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp()
+        except ValueError:
+            raise row.err("timestamp", f"= {raw!r} is not a date and time") from None
+        jobs.append(TraceJob(
+            id=f"philly-{row.line}", submit=submit, duration=row.num("duration"),
+            gpus=row.int_("num_gpus", low=1),
+        ))
+    return _finish(path, "philly", jobs, {})
+
+
+# --- Gavel's msr traces --------------------------------------------------------------------
+
+
+def read_gavel(path: Path) -> Trace:
+    """Gavel's tab-separated ``.trace``: ``job_type, command, num_steps_arg, needs_data_dir,
+    total_steps, arrival_time, scale_factor``; runtime comes from the throughput table."""
+    jobs: list[TraceJob] = []
+    names = ("job_type", "command", "num_steps_arg", "needs_data_dir", "total_steps",
+             "arrival_time", "scale_factor")
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            values = line.rstrip("\n").split("\t")
+            if len(values) != len(names):
+                raise TraceError(f"{path}:{line_no}: {len(values)} tab-separated fields, "
+                                 f"expected {len(names)}")
+            row = _Row(path, line_no, dict(zip(names, values, strict=True)))
+            jobs.append(TraceJob(
+                id=f"gavel-{line_no}", submit=row.num("arrival_time"), duration=None,
+                gpus=row.int_("scale_factor", low=1), job_type=row.text("job_type"),
+                steps=row.num("total_steps", low=1),
+            ))
+    return _finish(path, "gavel", jobs, {})
+
+
+# --- Standard Workload Format (Parallel Workloads Archive) ---------------------------------
+
+_SWF_FIELDS = ("job", "submit", "wait", "run_time", "alloc_procs", "avg_cpu", "used_mem",
+               "req_procs", "req_time", "req_mem", "status", "user", "group", "app", "queue",
+               "partition", "preceding", "think")
+
+
+def read_swf(path: Path) -> Trace:
+    """An SWF log, plain or zipped (the first ``.swf`` member); CPU-only jobs.
+
+    Cores = allocated processors (field 5), else requested (field 8). A job with run time -1
+    (unknown) or 0 processors is skipped (``no_runtime``, ``no_processors``).
+    """
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as z:
+            members = [n for n in z.namelist() if n.endswith(".swf")]
+            if not members:
+                raise TraceError(f"{path}: the zip holds no .swf file")
+            text = z.read(members[0]).decode("utf-8", errors="replace")
+    else:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    jobs: list[TraceJob] = []
+    skipped = {"no_runtime": 0, "no_processors": 0}
+    for line_no, line in enumerate(text.splitlines(), 1):
+        s = line.strip()
+        if not s or s.startswith(";"):
+            continue
+        values = s.split()
+        if len(values) != len(_SWF_FIELDS):
+            raise TraceError(f"{path}:{line_no}: {len(values)} fields, SWF has 18")
+        row = _Row(path, line_no, dict(zip(_SWF_FIELDS, values, strict=True)))
+        run = row.num("run_time", low=-1)
+        procs = row.int_("alloc_procs", low=-1)
+        if procs <= 0:
+            procs = row.int_("req_procs", low=-1)
+        if run < 0:
+            skipped["no_runtime"] += 1
+            continue
+        if procs <= 0:
+            skipped["no_processors"] += 1
+            continue
+        jobs.append(TraceJob(id=f"swf-{row.text('job')}", submit=row.num("submit"),
+                             duration=run, gpus=0, cores=procs))
+    return _finish(path, "swf", jobs, skipped)

@@ -1,0 +1,311 @@
+"""From trace jobs to what each policy submits: class, request, runtime per GPU model.
+
+The class of a job is a property of the job (what it computes), so it is decided once, from
+the trace's fields and the parameter file; a policy decides only whether the class rewrites
+the request (``hetslurm``) or not (``slurm-default``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+
+from hetslurm.errors import ConfigError, PlacementError
+from hetslurm.placement.model import ClusterModel, KernelRequest
+from hetslurm.placement.place import ScoreWeights, compile_request, place
+from hetslurm.placement.request import Request, resolve
+from hetslurm.simulate.params import Params, PolicyParams
+from hetslurm.simulate.traces import TraceError, TraceJob, traces_dir
+from hetslurm.site.model import Site
+
+PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One job as one policy submits it.
+
+    Attributes:
+        index: position in the trace (ties in priority and submit time go by it).
+        submit: submit time after the load multiplier, seconds.
+        priority: 0 high, 1 normal, 2 low.
+        partition: node mask name ("*" = all nodes).
+        kr: the compiled request the placement core reads.
+        runtime: seconds by GPU model index of the model (-1 = CPU-only node).
+        time_limit: what backfill plans with (runtime on the slowest allowed model x factor).
+    """
+
+    index: int
+    id: str
+    cls: str
+    submit: float
+    priority: int
+    partition: str
+    kr: KernelRequest
+    runtime: Mapping[int, float]
+    time_limit: float
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Classified:
+    job: TraceJob
+    cls: str
+    io_standin: bool
+    gpus: int  # whole GPUs after rounding
+
+
+def classify(job: TraceJob, params: Params) -> Classified | None:
+    """The job's class and whole-GPU count; ``None`` when fractional GPUs are dropped."""
+    gpus = job.gpus
+    if gpus == 0:
+        return Classified(job, params.cpu_class, False, 0)
+    if job.gpu_milli < 1000 and params.fractional_gpu == "drop":
+        return None
+    if 0 < job.gpu_milli < params.io_gpu_milli_below:
+        return Classified(job, params.cpu_class, True, gpus)
+    if job.job_type is not None:
+        for prefix, cls in params.gavel_family.items():
+            if job.job_type.startswith(prefix):
+                return Classified(job, cls, False, gpus)
+        raise ConfigError(f"{params.path}: [classify.gavel_family] has no family for job type "
+                          f"'{job.job_type}'")
+    return Classified(job, _draw(job.id, params.untyped_shares), False, gpus)
+
+
+def _draw(key: str, shares: Mapping[str, float]) -> str:
+    """A class drawn by a stable hash of the job id, in proportion to ``shares``."""
+    u = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2.0**64
+    total = sum(shares.values())
+    acc = 0.0
+    for name in sorted(shares):
+        acc += shares[name] / total
+        if u < acc:
+            return name
+    return sorted(shares)[-1]
+
+
+@cache
+def _gavel_table(path: str) -> dict[str, dict[tuple[str, int], float]]:
+    raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    key = re.compile(r"^\('(?P<type>.+)', (?P<scale>\d+)\)$")
+    out: dict[str, dict[tuple[str, int], float]] = {}
+    for model, entries in raw.items():
+        table = out.setdefault(model, {})
+        for k, v in entries.items():
+            m = key.match(k)
+            if m is None or not isinstance(v, dict) or not isinstance(v.get("null"), int | float):
+                continue
+            table[(m["type"], int(m["scale"]))] = float(v["null"])
+    return out
+
+
+def gavel_throughputs() -> dict[str, dict[tuple[str, int], float]]:
+    """Gavel's measured steps/s per model, (job type, scale factor), isolated."""
+    path = traces_dir() / "gavel" / "simulation_throughputs.json"
+    if not path.is_file():
+        raise TraceError(f"{path}: Gavel's throughput table is missing (set HETSLURM_TRACES)")
+    return _gavel_table(str(path))
+
+
+def runtimes(c: Classified, fmt: str, models: Sequence[str], params: Params) -> dict[int, float]:
+    """Seconds on each GPU model (index into ``models``) and on CPU-only nodes (-1)."""
+    job = c.job
+    out: dict[int, float] = {}
+    if c.gpus == 0 or c.io_standin:
+        base = float(job.duration or 0.0)
+        out[-1] = base * (params.cpu_slowdown_of_io_jobs if c.io_standin else 1.0)
+        for i in range(len(models)):
+            # CPU work on a GPU node's cores runs at the same speed; an IO-bound stand-in
+            # runs as long on any GPU model (the GPU is not what limits it).
+            out[i] = base
+        return _cut(out, params)
+    if job.steps is not None and job.job_type is not None:
+        table = gavel_throughputs()
+        for i, m in enumerate(models):
+            if m not in table:
+                raise ConfigError(f"Gavel's table has no model '{m}'; it has {sorted(table)}")
+            scales = [s for (t, s) in table[m] if t == job.job_type and s <= c.gpus]
+            if not scales:
+                raise TraceError(f"Gavel's table has no throughput for '{job.job_type}'")
+            # Scale factors the table lacks (12, 16, 32, ...) use the largest measured
+            # scale below them: a conservative runtime.
+            tput = table[m][(job.job_type, max(scales))]
+            # Gavel records 0 steps/s where the job does not run on the model (memory).
+            out[i] = job.steps / tput if tput > 0 else math.inf
+        return _cut(out, params)
+    ref = params.reference_model.get(fmt)
+    if ref is None:
+        raise ConfigError(f"{params.path}: [runtime] reference_model has no entry for '{fmt}'")
+    base = float(job.duration or 0.0)
+    for i, m in enumerate(models):
+        out[i] = base * params.speed(c.cls, ref) / params.speed(c.cls, m)
+    return _cut(out, params)
+
+
+def _cut(out: dict[int, float], params: Params) -> dict[int, float]:
+    if params.max_runtime_s > 0:
+        return {k: min(v, params.max_runtime_s) for k, v in out.items()}
+    return out
+
+
+def node_weights(model: ClusterModel, policy: PolicyParams) -> ClusterModel:
+    """The cluster as the policy renders it: the site's weights or Slurm's default 1."""
+    if policy.node_weights == "site":
+        return model
+    import numpy as np
+
+    weight = np.ones_like(model.weight)
+    weight.flags.writeable = False
+    return replace(model, weight=weight, _cache={})
+
+
+def score_weights(policy: PolicyParams) -> ScoreWeights:
+    return ScoreWeights(**policy.score)
+
+
+def request_for(c: Classified, policy: PolicyParams, params: Params, site: Site,
+                model: ClusterModel, times: Mapping[int, float]) -> tuple[Request, str, int]:
+    """The request, partition and priority the policy submits for a classified job."""
+    job = c.job
+    cpu_only = c.gpus == 0 or (c.io_standin and policy.use_classes)
+    gpus = 0 if cpu_only else c.gpus
+    cores = job.cores if job.cores is not None else (
+        params.cores_per_gpu * gpus if gpus else params.cores_per_cpu_job)
+    models = site.gpu_models()
+    # A model the job cannot run on (Gavel: 0 steps/s) is one its user would not ask for.
+    runnable = tuple(m for i, m in enumerate(model.gpu_models) if math.isfinite(times[i]))
+    asked: tuple[str, ...] = () if len(runnable) == len(model.gpu_models) else runnable
+    if policy.use_classes and gpus:
+        probe = resolve(Request(gpus_per_node=1, workload_class=c.cls), site)
+        allowed = tuple(m for m in (probe.gpu_models or models) if m in runnable) or runnable
+        if allowed != probe.gpu_models:
+            asked = allowed
+    else:
+        allowed = runnable or models
+    per_node_max = max((int(model.gpu_count[i]) for i in range(model.n_nodes)
+                        if model.gpu_model[i] >= 0 and model.gpu_models[model.gpu_model[i]]
+                        in allowed), default=0)
+    if gpus:
+        nodes = math.ceil(gpus / per_node_max) if per_node_max else 1
+    else:
+        # A CPU job wider than a node (SWF's 128-processor jobs) spans the fewest nodes of
+        # the largest core count it may use (CPU-only nodes under hetslurm's CPU class).
+        kinds = model.gpu_count == 0 if cpu_only and policy.use_classes else model.gpu_count >= 0
+        widest = int(model.cores_total[kinds].max()) if kinds.any() else 1
+        nodes = max(1, math.ceil(cores / widest))
+    per_node = math.ceil(gpus / nodes) if gpus else 0
+    req = Request(
+        nodes=nodes, gpus_per_node=per_node, cores_per_node=max(1, math.ceil(cores / nodes)),
+        mem_per_node_mib=None if job.mem_mib is None else math.ceil(job.mem_mib / nodes),
+        workload_class=c.cls if policy.use_classes else None,
+        gpu_models=asked if gpus else (),
+        given=("gpu-type",) if asked and gpus else (),
+    )
+    partition = policy.cpu_partition if cpu_only else policy.gpu_partition
+    if policy.use_classes:
+        req = resolve(req, site)
+        if partition == "class":
+            partition = req.partition or "*"
+    elif partition == "class":
+        raise ConfigError(f"{params.path}: [policy.{policy.name}] partition 'class' needs "
+                          "use_classes = true")
+    # Only hetslurm's CPU class keeps CPU work off device nodes (feature "cpu"); without
+    # rewrites a CPU job may land on any node of its partition.
+    req = replace(req, cpu_only=cpu_only and policy.use_classes,
+                  gpu_models=req.gpu_models if gpus else ())
+    prio = "normal"
+    if policy.use_priority and job.qos is not None:
+        prio = params.priority_by_qos.get(job.qos, "normal")
+    return req, partition, PRIORITY_RANK[prio]
+
+
+def build_jobs(
+    trace_jobs: Sequence[TraceJob], fmt: str, site: Site, params: Params,
+    policies: Sequence[str],
+) -> tuple[dict[str, list[SimJob]], dict[str, int]]:
+    """Each policy's jobs at load 1, the same jobs for every policy.
+
+    A job that cannot run on the empty cluster under any of ``policies`` (larger than the
+    cluster, more cores than a node) is dropped from all of them, so the policies replay the
+    same work. Returns the jobs per policy and the dropped counts by reason.
+    """
+    base = ClusterModel.from_site(site)
+    empty_models = {p: node_weights(base, params.policies[p]) for p in policies}
+    dropped = {"fractional": 0, "oversize": 0}
+    out: dict[str, list[SimJob]] = {p: [] for p in policies}
+    verdicts: dict[tuple[str, Request, str], bool] = {}
+    for index, tj in enumerate(trace_jobs):
+        c = classify(tj, params)
+        if c is None:
+            dropped["fractional"] += 1
+            continue
+        times = runtimes(c, fmt, base.gpu_models, params)
+        made: dict[str, SimJob] = {}
+        for p in policies:
+            pol = params.policies[p]
+            model = empty_models[p]
+            req, partition, prio = request_for(c, pol, params, site, model, times)
+            key = (p, req, partition)
+            if key not in verdicts:
+                verdicts[key] = _fits_empty(model, req, partition, site, pol)
+            if not verdicts[key]:
+                break
+            kr = compile_request(model, req, score_weights(pol))
+            allowed = [m for m, r in enumerate(kr.gpu_rank) if r >= 0] if kr.gpus else []
+            if kr.cpu_only:
+                limit_base = times[-1]
+            elif kr.gpus:
+                limit_base = max(times[m] for m in allowed if math.isfinite(times[m]))
+            else:
+                limit_base = max(times.values())
+            made[p] = SimJob(
+                index=index, id=tj.id, cls=c.cls, submit=tj.submit, priority=prio,
+                partition=partition, kr=kr, runtime=times,
+                time_limit=limit_base * params.time_limit_factor, gpus=kr.gpus * kr.nodes,
+            )
+        if len(made) != len(policies):
+            dropped["oversize"] += 1
+            continue
+        for p, j in made.items():
+            out[p].append(j)
+    return out, dropped
+
+
+def partition_nodes(site: Site, model: ClusterModel, name: str) -> tuple[int, ...]:
+    """Node indices of a partition ("*" = every node).
+
+    Raises:
+        ConfigError: the site has no such partition.
+    """
+    if name == "*":
+        return tuple(range(model.n_nodes))
+    part = site.partitions.get(name)
+    if part is None:
+        raise ConfigError(f"partition '{name}' is not in site '{site.name}'; partitions: "
+                          f"{', '.join(site.partitions)} (or '*' for all nodes)")
+    return tuple(model.node_index(n) for n in part.nodes)
+
+
+def _fits_empty(model: ClusterModel, req: Request, partition: str, site: Site,
+                pol: PolicyParams) -> bool:
+    import numpy as np
+
+    from hetslurm.placement.model import StateArrays
+
+    idx = partition_nodes(site, model, partition)
+    available = np.zeros(model.n_nodes, dtype=np.uint8)
+    available[list(idx)] = 1
+    s = model.state
+    masked = model.with_arrays(StateArrays(available, s.gpu_free, s.fpga_free, s.core_free,
+                                           s.mem_free_mib, s.free_at))
+    try:
+        return place(masked, req, score_weights(pol)).placeable
+    except PlacementError:
+        return False

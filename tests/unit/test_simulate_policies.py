@@ -1,0 +1,239 @@
+"""The parameter file, both policies on a toy site (hand-derived outcomes), and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from test_simulate_engine import TOY
+
+from hetslurm.cli import cli
+from hetslurm.errors import ConfigError
+from hetslurm.placement.model import ClusterModel
+from hetslurm.simulate.engine import replay
+from hetslurm.simulate.params import Params, load_params
+from hetslurm.simulate.traces import TraceJob, traces_dir
+from hetslurm.simulate.workload import (
+    build_jobs,
+    classify,
+    gavel_throughputs,
+    node_weights,
+    partition_nodes,
+    runtimes,
+)
+from hetslurm.site.load import load_site
+from hetslurm.site.model import Site
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = ROOT / "site-configs" / "simulate-params.toml"
+POLICIES = ("slurm-default", "hetslurm")
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> Site:
+    path = tmp_path_factory.mktemp("toy") / "toy.toml"
+    path.write_text(TOY)
+    return load_site(path)
+
+
+def params_with(tmp_path: Path, **swap: str) -> Params:
+    """The shipped file with some lines replaced (key = the line's start)."""
+    lines = SHIPPED.read_text().splitlines()
+    for start, new in swap.items():
+        hits = [i for i, line in enumerate(lines) if line.startswith(start)]
+        assert len(hits) == 1, start
+        lines[hits[0]] = new
+    p = tmp_path / "params.toml"
+    p.write_text("\n".join(lines) + "\n")
+    return load_params(p)
+
+
+@pytest.fixture
+def params(tmp_path: Path) -> Params:
+    # The toy site has only the vision, rl and preprocess classes: untyped jobs are vision.
+    return params_with(tmp_path, untyped_shares="untyped_shares = { vision = 1.0 }")
+
+
+def test_shipped_params_load() -> None:
+    p = load_params(SHIPPED)
+    assert set(p.policies) == set(POLICIES)
+    assert p.speed("vision", "v100") == 6.59
+    assert p.policies["slurm-default"].node_weights == "uniform"
+    assert p.policies["hetslurm"].use_classes
+
+
+def test_params_refuse_unknown_and_missing_keys(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"\[jobs\] unknown key 'cores_per_gpus' \(did you mean "
+                       r"'cores_per_gpu'\?\)"):
+        params_with(tmp_path, cores_per_gpu="cores_per_gpu = 4\ncores_per_gpus = 4")
+    with pytest.raises(ConfigError, match=r"\[jobs\] lacks 'cores_per_gpu'"):
+        params_with(tmp_path, cores_per_gpu="")
+    with pytest.raises(ConfigError, match="fractional_gpu = 'half' is not one of"):
+        params_with(tmp_path, fractional_gpu='fractional_gpu = "half"')
+    with pytest.raises(ConfigError, match="no speed for class 'vision' on model 'h100'"):
+        load_params(SHIPPED).speed("vision", "h100")
+
+
+def replay_policy(site: Site, params: Params, jobs: list[TraceJob], fmt: str = "philly",
+                  ) -> dict[str, dict[str, tuple[float, float, str]]]:
+    built, _ = build_jobs(jobs, fmt, site, params, POLICIES)
+    base = ClusterModel.from_site(site)
+    out = {}
+    for p in POLICIES:
+        model = node_weights(base, params.policies[p])
+        parts = {j.partition: partition_nodes(site, model, j.partition) for j in built[p]}
+        res = replay(model, built[p], parts, backfill_depth=10)
+        out[p] = {r.job.id: (r.start, r.end, model.names[int(r.alloc.nodes[0])])
+                  for r in res.records}
+    return out
+
+
+def test_cpu_job_on_gpu_node_cores_pushes_gpu_job_to_k80(toy: Site, params: Params) -> None:
+    # A 4-core CPU job at 0, then a 1-GPU vision job (4 cores per GPU) at 1, 100 s on P100.
+    # slurm-default: every Weight=1, node order: the CPU job takes all of g1's cores, so the
+    # GPU job runs on g2's K80: 100 x 4.99 / 1.0 = 499 s. hetslurm: the CPU job goes to the
+    # cpu partition, the GPU job to g1's V100 (lowest weight): 100 x 4.99 / 6.59 s.
+    jobs = [TraceJob("cpu", 0, 100, 0, cores=4), TraceJob("gpu", 1, 100, 1)]
+    got = replay_policy(toy, params, jobs)
+    assert got["slurm-default"]["cpu"] == (0, 100, "g1")
+    assert got["slurm-default"]["gpu"] == pytest.approx((1, 500, "g2"))
+    assert got["hetslurm"]["cpu"] == (0, 100, "c1")
+    assert got["hetslurm"]["gpu"] == pytest.approx((1, 1 + 100 * 4.99 / 6.59, "g1"))
+
+
+def test_hetslurm_requests_carry_the_class(toy: Site, params: Params) -> None:
+    built, dropped = build_jobs([TraceJob("g", 0, 100, 1), TraceJob("c", 0, 10, 0)],
+                                "philly", toy, params, POLICIES)
+    assert dropped == {"fractional": 0, "oversize": 0}
+    het = {j.id: j for j in built["hetslurm"]}
+    dflt = {j.id: j for j in built["slurm-default"]}
+    assert het["g"].partition == "gpu" and het["g"].cls == "vision"
+    assert het["g"].kr.gpu_rank == (0, 1)  # vision: v100 then k80
+    assert het["c"].partition == "cpu" and het["c"].kr.cpu_only
+    assert dflt["c"].partition == "*" and not dflt["c"].kr.cpu_only
+    # The time limit covers the slowest allowed model (K80): 100 x 4.99 s.
+    assert het["g"].time_limit == pytest.approx(499)
+
+
+def test_oversize_and_fractional_jobs(toy: Site, params: Params, tmp_path: Path) -> None:
+    jobs = [TraceJob("big", 0, 10, 8), TraceJob("half", 0, 10, 1, gpu_milli=500),
+            TraceJob("ok", 0, 10, 1)]
+    built, dropped = build_jobs(jobs, "alibaba", toy, params, POLICIES)
+    # 8 GPUs = 4 nodes x 2 on a cluster of 2 GPU nodes: dropped for both policies.
+    assert dropped == {"fractional": 0, "oversize": 1}
+    assert [j.id for j in built["hetslurm"]] == ["half", "ok"]
+    assert built["hetslurm"][0].gpus == 1  # 0.5 GPU holds a whole GPU (round-up)
+    drop = params_with(tmp_path, untyped_shares="untyped_shares = { vision = 1.0 }",
+                       fractional_gpu='fractional_gpu = "drop"')
+    _, dropped = build_jobs(jobs, "alibaba", toy, drop, POLICIES)
+    assert dropped == {"fractional": 1, "oversize": 1}
+
+
+def test_io_standin_runs_on_cpu_nodes_only_under_hetslurm(toy: Site, tmp_path: Path) -> None:
+    p = params_with(tmp_path, untyped_shares="untyped_shares = { vision = 1.0 }",
+                    io_gpu_milli_below="io_gpu_milli_below = 500",
+                    cpu_slowdown_of_io_jobs="cpu_slowdown_of_io_jobs = 2.0")
+    got = replay_policy(toy, p, [TraceJob("io", 0, 100, 1, gpu_milli=300, cores=1)], "alibaba")
+    assert got["slurm-default"]["io"] == (0, 100, "g1")  # holds a whole GPU
+    assert got["hetslurm"]["io"] == (0, 200, "c1")  # CPU node, 2x slower (assumed)
+
+
+def test_same_jobs_replayed_by_both_policies(toy: Site, params: Params) -> None:
+    # 0 or 1 GPU: a 2-GPU job needs 2 x 4 cores, more than a toy node has (dropped).
+    jobs = [TraceJob(f"j{i}", i * 7.0, 50 + i, i % 2) for i in range(30)]
+    built, _ = build_jobs(jobs, "philly", toy, params, POLICIES)
+    assert [j.id for j in built["hetslurm"]] == [j.id for j in built["slurm-default"]]
+    got = replay_policy(toy, params, jobs)
+    for p in POLICIES:
+        assert len(got[p]) == 30
+        submit = {j.id: j.submit for j in jobs}
+        assert all(start >= submit[i] and end > start for i, (start, end, _) in got[p].items())
+
+
+def test_cli_json(toy: Site, tmp_path: Path) -> None:
+    trace = tmp_path / "philly.csv"
+    trace.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n" + "".join(
+        f"2017-10-09 07:{i:02d}:00,{300 + 10 * i},{1 + i % 2},0,a\n" for i in range(20)))
+    params = tmp_path / "p.toml"
+    params.write_text(SHIPPED.read_text().replace(
+        "untyped_shares = { vision = 0.396, language = 0.379, recommendation = 0.191, rl = 0.035 }",
+        "untyped_shares = { vision = 0.5, rl = 0.5 }"))
+    r = CliRunner().invoke(cli, [
+        "simulate", "--site", toy.path, "--trace", str(trace), "--trace-format", "philly",
+        "--params", str(params), "--load", "1", "--load", "4", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert [(row["policy"], row["load"]) for row in doc["rows"]] == [
+        ("slurm-default", 1.0), ("slurm-default", 4.0), ("hetslurm", 1.0), ("hetslurm", 4.0)]
+    # The 2-GPU jobs need 8 cores (4 per GPU): no toy node has them, so they are dropped.
+    assert doc["meta"]["dropped"] == {"fractional": 0, "oversize": 10}
+    assert all(row["jobs"] == 10 and row["unfinished"] == 0 for row in doc["rows"])
+    assert "wait_ratio@4" in doc["summary"][1]
+    plots = tmp_path / "plots"
+    r = CliRunner().invoke(cli, [
+        "simulate", "--site", toy.path, "--trace", str(trace), "--trace-format", "philly",
+        "--params", str(params), "--load", "1", "--load", "4", "--plot", str(plots)])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in plots.iterdir()) == [
+        "gpus_busy.png", "wait_cdf.png", "wait_vs_load.png"]
+    assert all(p.stat().st_size > 1000 for p in plots.iterdir())
+    bad = CliRunner().invoke(cli, [
+        "simulate", "--site", toy.path, "--trace", str(trace), "--trace-format", "alibaba",
+        "--params", str(params)])
+    assert bad.exit_code == 2
+    assert "header lacks column" in bad.output
+
+
+TRACES = traces_dir()
+
+
+@pytest.mark.skipif(not (TRACES / "gavel" / "simulation_throughputs.json").is_file(),
+                    reason=f"Gavel's throughput table not found under {TRACES} "
+                    "(set HETSLURM_TRACES)")
+def test_gavel_runtimes_come_from_the_measured_table() -> None:
+    site = load_site(ROOT / "site-configs" / "case-study.toml")
+    params = load_params(SHIPPED)
+    table = gavel_throughputs()
+    a3c = classify(TraceJob("a", 0, None, 1, job_type="A3C", steps=1000), params)
+    assert a3c is not None and a3c.cls == "rl"
+    times = runtimes(a3c, "gavel", site.gpu_models(), params)
+    assert times[0] == pytest.approx(1000 / table["v100"][("A3C", 1)])
+    assert times[2] == pytest.approx(1000 / table["k80"][("A3C", 1)])
+    # ResNet-50 at batch 128 on 2 GPUs does not run on K80 (0 steps/s in Gavel's table):
+    # both policies leave K80 out of the job's models.
+    big = TraceJob("r", 0, None, 2, job_type="ResNet-50 (batch size 128)", steps=1000)
+    built, _ = build_jobs([big], "gavel", site, params, POLICIES)
+    for p in POLICIES:
+        assert built[p][0].kr.gpu_rank[2] == -1
+        assert built[p][0].kr.gpu_rank[0] >= 0
+
+
+@pytest.mark.skipif(not (TRACES / "sia-philly" / "philly.csv").is_file(),
+                    reason=f"shared traces not found at {TRACES} (set HETSLURM_TRACES)")
+def test_bench_simulate_reports_each_trace_and_policy() -> None:
+    from hetslurm.simulate.bench import bench_simulate
+
+    rows = bench_simulate(load_site(ROOT / "site-configs" / "case-study.toml"),
+                          load_params(SHIPPED), policies=POLICIES, limit=50)
+    assert [(r["trace"], r["policy"]) for r in rows] == [
+        ("alibaba", "slurm-default"), ("alibaba", "hetslurm"),
+        ("philly", "slurm-default"), ("philly", "hetslurm")]
+    for r in rows:
+        assert {"trace", "policy", "load", "jobs", "seconds", "jobs_per_s",
+                "mean_queue_depth"} <= set(r)
+        assert 0 < r["jobs"] <= 50 and r["seconds"] > 0
+
+
+def test_cpu_job_wider_than_a_node_spans_nodes(toy: Site, params: Params) -> None:
+    # 10 cores on 4-core nodes: 3 nodes x 4 cores (whole per-node shares), CPU nodes only
+    # under hetslurm: the toy has one, so the job is dropped there and for both policies.
+    built, dropped = build_jobs([TraceJob("w", 0, 10, 0, cores=10)], "swf", toy, params,
+                                POLICIES)
+    assert dropped == {"fractional": 0, "oversize": 1}
+    built, dropped = build_jobs([TraceJob("w", 0, 10, 0, cores=10)], "swf", toy, params,
+                                ("slurm-default",))
+    assert dropped == {"fractional": 0, "oversize": 0}
+    kr = built["slurm-default"][0].kr
+    assert (kr.nodes, kr.cores) == (3, 4)

@@ -1,0 +1,150 @@
+"""Trace readers: good rows, malformed rows with clear errors, and the real traces when the
+shared folder is there."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from hetslurm.simulate.traces import (
+    TraceError,
+    read_alibaba_nodes,
+    read_trace,
+    traces_dir,
+)
+
+ALI_HEAD = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+            "creation_time,deletion_time,scheduled_time\n")
+SWF_LINE = "1 10 -1 100 8 -1 -1 8 -1 -1 1 1 1 -1 1 -1 -1 -1\n"
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_alibaba_rows(tmp_path: Path) -> None:
+    p = write(tmp_path, "pods.csv", ALI_HEAD
+              + "p1,12000,16384,1,460,,LS,Running,100,1100,150\n"
+              + "p0,500,1024,0,0,,BE,Succeeded,50,80,60\n"
+              + "p2,1000,1024,1,1000,,LS,Pending,70,,\n")
+    t = read_trace(p, "alibaba")
+    assert [j.id for j in t.jobs] == ["p0", "p1"]
+    p0, p1 = t.jobs
+    assert (p0.submit, p0.duration, p0.gpus, p0.cores, p0.qos) == (0, 20, 0, 1, "BE")
+    assert (p1.submit, p1.duration, p1.gpus, p1.gpu_milli, p1.cores) == (50, 950, 1, 460, 12)
+    assert t.skipped == {"never_scheduled": 1}
+
+
+@pytest.mark.parametrize(("row", "message"), [
+    ("p1,12000,16384,one,460,,LS,Running,100,1100,150\n",
+     "field 'num_gpu' = 'one' is not a number"),
+    ("p1,12000,16384,1,1460,,LS,Running,100,1100,150\n", "field 'gpu_milli' = 1460"),
+    ("p1,12000,16384,1,460,,LS,Running,100,90,150\n", "is before scheduled_time"),
+    ("p1,12000,16384,1,460,,LS\n", "7 fields, header has 11"),
+    ("p1,12000,16384,-1,460,,LS,Running,100,1100,150\n", "out of range"),
+])
+def test_alibaba_malformed(tmp_path: Path, row: str, message: str) -> None:
+    p = write(tmp_path, "pods.csv", ALI_HEAD + row)
+    with pytest.raises(TraceError, match=message) as e:
+        read_trace(p, "alibaba")
+    assert f"{p}:2:" in str(e.value)
+
+
+def test_alibaba_header_checked(tmp_path: Path) -> None:
+    p = write(tmp_path, "pods.csv", "name,cpu_milli\np,1\n")
+    with pytest.raises(TraceError, match="header lacks column"):
+        read_trace(p, "alibaba")
+
+
+def test_alibaba_nodes(tmp_path: Path) -> None:
+    p = write(tmp_path, "nodes.csv", "sn,cpu_milli,memory_mib,gpu,model\n"
+              "n0,32000,262144,0,\nn1,96000,786432,8,V100M32\n")
+    nodes = read_alibaba_nodes(p)
+    assert [(n.name, n.cores, n.gpus, n.model) for n in nodes] == [
+        ("n0", 32, 0, None), ("n1", 96, 8, "V100M32")]
+    bad = write(tmp_path, "bad.csv", "sn,cpu_milli,memory_mib,gpu,model\nn1,96000,1,8,\n")
+    with pytest.raises(TraceError, match="'model' is empty on a node with GPUs"):
+        read_alibaba_nodes(bad)
+
+
+def test_philly(tmp_path: Path) -> None:
+    p = write(tmp_path, "philly.csv", "timestamp,duration,num_gpus,gpu_time,cluster\n"
+              "2017-10-09 07:01:55,66.0,1,66.0,a\n2017-10-09 06:13:03,2951.0,8,1,b\n")
+    t = read_trace(p, "philly")
+    assert [(j.submit, j.duration, j.gpus) for j in t.jobs] == [(0, 2951, 8), (2932, 66, 1)]
+    bad = write(tmp_path, "bad.csv", "timestamp,duration,num_gpus,gpu_time,cluster\n"
+                "yesterday,66.0,1,66.0,a\n")
+    with pytest.raises(TraceError, match=r"bad.csv:2: field 'timestamp' = 'yesterday'"):
+        read_trace(bad, "philly")
+    zero = write(tmp_path, "zero.csv", "timestamp,duration,num_gpus,gpu_time,cluster\n"
+                 "2017-10-09 07:01:55,66.0,0,66.0,a\n")
+    with pytest.raises(TraceError, match="'num_gpus' = '0' is out of range"):
+        read_trace(zero, "philly")
+
+
+def test_gavel(tmp_path: Path) -> None:
+    line = "A3C\tcd x && python3 main.py\t--max-steps\t1\t2000\t{t}\t{g}\n"
+    p = write(tmp_path, "x.trace", line.format(t="5.5", g=2) + line.format(t="0", g=1))
+    t = read_trace(p, "gavel")
+    assert [(j.submit, j.gpus, j.steps, j.job_type) for j in t.jobs] == [
+        (0, 1, 2000, "A3C"), (5.5, 2, 2000, "A3C")]
+    bad = write(tmp_path, "bad.trace", "A3C\tcmd\t1\t2000\t0\t1\n")
+    with pytest.raises(TraceError, match=r"bad\.trace:1: 6 tab-separated fields, expected 7"):
+        read_trace(bad, "gavel")
+    bad2 = write(tmp_path, "bad2.trace", line.format(t="soon", g=1))
+    with pytest.raises(TraceError, match="'arrival_time' = 'soon'"):
+        read_trace(bad2, "gavel")
+
+
+def test_swf_plain_and_zipped(tmp_path: Path) -> None:
+    text = "; comment\n" + SWF_LINE + "2 20 -1 -1 8 -1 -1 8 -1 -1 1 1 1 -1 1 -1 -1 -1\n"
+    p = write(tmp_path, "log.swf", text)
+    t = read_trace(p, "swf")
+    assert [(j.submit, j.duration, j.cores, j.gpus) for j in t.jobs] == [(0, 100, 8, 0)]
+    assert t.skipped == {"no_runtime": 1}
+    z = tmp_path / "log.zip"
+    with zipfile.ZipFile(z, "w") as f:
+        f.writestr("log.swf", text)
+    assert read_trace(z, "swf").jobs == t.jobs
+    bad = write(tmp_path, "bad.swf", "1 10 -1 100 8\n")
+    with pytest.raises(TraceError, match=r"bad\.swf:1: 5 fields, SWF has 18"):
+        read_trace(bad, "swf")
+
+
+def test_unknown_format_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="unknown trace format 'csv'"):
+        read_trace(tmp_path / "x", "csv")
+    with pytest.raises(TraceError, match="no such trace file"):
+        read_trace(tmp_path / "x", "philly")
+    empty = write(tmp_path, "e.csv", "timestamp,duration,num_gpus,gpu_time,cluster\n")
+    with pytest.raises(TraceError, match="no replayable job"):
+        read_trace(empty, "philly")
+
+
+REAL = traces_dir()
+needs_traces = pytest.mark.skipif(
+    not REAL.is_dir(), reason=f"shared traces not found at {REAL} (set HETSLURM_TRACES)")
+
+
+@needs_traces
+def test_real_traces_read() -> None:
+    ali = read_trace(REAL / "alibaba-gpu-v2023" / "openb_pod_list_default.csv", "alibaba")
+    assert len(ali.jobs) + ali.skipped["never_scheduled"] == 8152
+    assert sum(j.gpu_milli < 1000 for j in ali.jobs if j.gpus) > 0
+    nodes = read_alibaba_nodes(REAL / "alibaba-gpu-v2023" / "openb_node_list_all_node.csv")
+    assert len(nodes) == 1523 and sum(n.gpus for n in nodes) == 6212
+    gavel = read_trace(REAL / "gavel" / "msr_seed0" / "0e4a51.trace", "gavel")
+    assert all(j.steps and j.job_type for j in gavel.jobs)
+    swf = read_trace(REAL / "pwa-swf" / "NASA-iPSC-1993-3.1-cln.swf.zip", "swf")
+    assert len(swf.jobs) + sum(swf.skipped.values()) == 18239
+
+
+@needs_traces
+def test_real_philly_reads() -> None:
+    t = read_trace(REAL / "sia-philly" / "philly.csv", "philly")
+    assert len(t.jobs) == 82247
+    assert max(j.gpus for j in t.jobs) == 128
