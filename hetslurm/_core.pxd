@@ -198,12 +198,30 @@ cdef class PlacementCore:
     cdef uint64_t[::1] b_bits
     cdef int32_t[::1] b_count
     cdef int32_t[::1] b_key
+    # Size of the index's third key (most free GPUs in one NVLink island, 0..largest island):
+    # bucket (row, free, most) is at ((row * (max_gpus + 1)) + free) * iwidth + most.
+    cdef Py_ssize_t iwidth
     # Per index row (GPU model + 1), for the buckets' score lower bounds: smallest node
     # weight and per-GPU busy-minus-idle watts, largest NVLink island and core count.
     cdef int64_t[::1] row_min_weight
     cdef int64_t[::1] row_min_dyn
     cdef int64_t[::1] row_max_island
     cdef int64_t[::1] row_max_cores
+    # The same over FPGAs: one bitset per (FPGA model + 1, free FPGAs), for requests that
+    # ask FPGAs and no GPUs, with the per-row bounds (smallest weight and per-FPGA watts,
+    # largest core count).
+    cdef readonly Py_ssize_t max_fpgas
+    cdef Py_ssize_t n_fpga_rows
+    cdef uint64_t[::1] fb_bits
+    cdef int32_t[::1] fb_count
+    cdef int32_t[::1] fb_key
+    cdef int64_t[::1] frow_min_weight
+    cdef int64_t[::1] frow_min_dyn
+    cdef int64_t[::1] frow_max_cores
+    # Static bitset of the nodes with no GPU and no FPGA (CPU-only requests walk only these),
+    # and per GPU index row the number of such nodes.
+    cdef uint64_t[::1] nodev_bits
+    cdef int32_t[::1] row_nodev
     cdef int32_t[::1] b_order
     cdef int64_t[::1] b_lb
     # Scratch.

@@ -55,6 +55,8 @@ class PlacementCore:
     def max_gpus(self) -> int: ...
     @property
     def max_numa(self) -> int: ...
+    @property
+    def max_fpgas(self) -> int: ...
     def __init__(
         self,
         *,
@@ -130,5 +132,8 @@ class PlacementCore:
         """Evaluate every node: status, terms and score."""
     def state(self) -> dict[str, npt.NDArray[Any]]:
         """Copies of the live state arrays."""
-    def index_buckets(self) -> dict[tuple[int, int], list[int]]:
-        """The free-capacity index (for tests)."""
+    def index_buckets(self) -> dict[tuple[int, int, int], list[int]]:
+        """The GPU free-capacity index: (GPU model id, free GPUs, most free GPUs in one NVLink
+        island) -> nodes (for tests)."""
+    def fpga_index_buckets(self) -> dict[tuple[int, int], list[int]]:
+        """The FPGA free-capacity index: (FPGA model id, free FPGAs) -> nodes (for tests)."""

@@ -429,9 +429,11 @@ def choose_gpus_batch(
 #    set with the lexicographically smallest sorted node tuple;
 # 3. total = sum of the chosen nodes' scores + w[W_SWITCH] * L.
 #
-# Candidates come from a free-capacity index (bucket lists by GPU model and free GPU count), so
-# a GPU request touches only nodes of an allowed model with enough free GPUs; FPGA-only and
-# CPU-only requests walk every available node.
+# Candidates come from free-capacity indexes (bitsets by GPU model, free GPU count and most free
+# GPUs in one NVLink island; by FPGA model and free FPGA count), so a GPU request touches only
+# nodes of an allowed model with enough free GPUs, an FPGA-only request only nodes of an
+# allowed FPGA model with enough free FPGAs, and a CPU-only request only nodes without devices;
+# other GPU-less requests walk every available node (a CPU job may use a device node's cores).
 
 LAYOUT = {
     "R_GPUS": R_GPUS, "R_FPGAS": R_FPGAS, "R_CORES": R_CORES, "R_MEM": R_MEM,
@@ -538,6 +540,7 @@ cdef class PlacementCore:
     ):
         cdef Py_ssize_t n = cores_total.shape[0]
         cdef Py_ssize_t i, j, c, nodes_alloc = n if n > 0 else 1
+        cdef Py_ssize_t fr, fwidth, frows, buckets
         self.n_nodes = n
         self.n_gpu_models = n_gpu_models
         self.n_switches = switch_parent.shape[0]
@@ -603,12 +606,50 @@ cdef class PlacementCore:
                     size += gpu_island[c] == gpu_island[j]
                 if size > self.row_max_island[r]:
                     self.row_max_island[r] = size
-        self.b_order = np.zeros(rows * width, dtype=np.int32)
-        self.b_lb = np.zeros(rows * width, dtype=np.int64)
+        # Third key of the GPU index: the most free GPUs in one NVLink island of the node.
+        self.iwidth = 1
+        for r in range(rows):
+            if self.row_max_island[r] + 1 > self.iwidth:
+                self.iwidth = self.row_max_island[r] + 1
         self.n_words = (n + 63) // 64 if n > 0 else 1
-        self.b_bits = np.zeros(rows * width * self.n_words, dtype=np.uint64)
-        self.b_count = np.zeros(rows * width, dtype=np.int32)
+        self.b_bits = np.zeros(rows * width * self.iwidth * self.n_words, dtype=np.uint64)
+        self.b_count = np.zeros(rows * width * self.iwidth, dtype=np.int32)
         self.b_key = np.full(nodes_alloc, -1, dtype=np.int32)
+
+        # FPGA index (rows = FPGA model + 1) and the static CPU-only node set.
+        self.max_fpgas = 0
+        self.n_fpga_rows = 1
+        for i in range(n):
+            if fpga_offsets[i + 1] - fpga_offsets[i] > self.max_fpgas:
+                self.max_fpgas = fpga_offsets[i + 1] - fpga_offsets[i]
+            if fpga_model[i] + 2 > self.n_fpga_rows:
+                self.n_fpga_rows = fpga_model[i] + 2
+        fwidth = self.max_fpgas + 1
+        frows = self.n_fpga_rows
+        self.frow_min_weight = np.full(frows, -1, dtype=np.int64)
+        self.frow_min_dyn = np.full(frows, -1, dtype=np.int64)
+        self.frow_max_cores = np.ones(frows, dtype=np.int64)
+        self.nodev_bits = np.zeros(self.n_words, dtype=np.uint64)
+        self.row_nodev = np.zeros(rows, dtype=np.int32)
+        for i in range(n):
+            fr = fpga_model[i] + 1
+            if self.frow_min_weight[fr] < 0 or weight[i] < self.frow_min_weight[fr]:
+                self.frow_min_weight[fr] = weight[i]
+            if self.frow_min_dyn[fr] < 0 or fpga_dyn_w[i] < self.frow_min_dyn[fr]:
+                self.frow_min_dyn[fr] = fpga_dyn_w[i]
+            if cores_total[i] > self.frow_max_cores[fr]:
+                self.frow_max_cores[fr] = cores_total[i]
+            if gpu_offsets[i + 1] == gpu_offsets[i] and fpga_offsets[i + 1] == fpga_offsets[i]:
+                self.nodev_bits[i >> 6] |= (<uint64_t>1) << (i & 63)
+                self.row_nodev[gpu_model[i] + 1] += 1
+        self.fb_bits = np.zeros(frows * fwidth * self.n_words, dtype=np.uint64)
+        self.fb_count = np.zeros(frows * fwidth, dtype=np.int32)
+        self.fb_key = np.full(nodes_alloc, -1, dtype=np.int32)
+        buckets = rows * width * self.iwidth
+        if frows * fwidth > buckets:
+            buckets = frows * fwidth
+        self.b_order = np.zeros(buckets, dtype=np.int32)
+        self.b_lb = np.zeros(buckets, dtype=np.int64)
         for i in range(n):
             if self.available[i]:
                 self._index_insert(i)
@@ -634,12 +675,28 @@ cdef class PlacementCore:
 
     # ------------------------------------------------------------------ index
     cdef void _index_insert(self, Py_ssize_t i) noexcept nogil:
-        cdef int32_t key = <int32_t>(
-            (self.gpu_model[i] + 1) * (self.max_gpus + 1) + self.gpu_free_count[i]
+        cdef Py_ssize_t j, j2, ga = self.gpu_offsets[i], gb = self.gpu_offsets[i + 1]
+        cdef int32_t key, cnt, most = 0
+        for j in range(ga, gb):
+            if self.gpu_free[j]:
+                cnt = 0
+                for j2 in range(ga, gb):
+                    cnt += self.gpu_free[j2] != 0 and self.gpu_island[j2] == self.gpu_island[j]
+                if cnt > most:
+                    most = cnt
+        key = <int32_t>(
+            ((self.gpu_model[i] + 1) * (self.max_gpus + 1) + self.gpu_free_count[i])
+            * self.iwidth + most
         )
         self.b_key[i] = key
         self.b_bits[key * self.n_words + (i >> 6)] |= (<uint64_t>1) << (i & 63)
         self.b_count[key] += 1
+        key = <int32_t>(
+            (self.fpga_model[i] + 1) * (self.max_fpgas + 1) + self.fpga_free_count[i]
+        )
+        self.fb_key[i] = key
+        self.fb_bits[key * self.n_words + (i >> 6)] |= (<uint64_t>1) << (i & 63)
+        self.fb_count[key] += 1
 
     cdef void _index_remove(self, Py_ssize_t i) noexcept nogil:
         cdef int32_t key = self.b_key[i]
@@ -648,6 +705,10 @@ cdef class PlacementCore:
         self.b_bits[key * self.n_words + (i >> 6)] &= ~((<uint64_t>1) << (i & 63))
         self.b_count[key] -= 1
         self.b_key[i] = -1
+        key = self.fb_key[i]
+        self.fb_bits[key * self.n_words + (i >> 6)] &= ~((<uint64_t>1) << (i & 63))
+        self.fb_count[key] -= 1
+        self.fb_key[i] = -1
 
     # ------------------------------------------------------------------ one node
     cdef int _eval(
@@ -837,58 +898,107 @@ cdef class PlacementCore:
         cdef Py_ssize_t touched = 0
         cdef int32_t i, s, best = -1, level = -1, best_leaf = 0, best_node = -1
         cdef int64_t total = 0, taken, lb, score, best_score = 0
-        cdef Py_ssize_t base, word
+        cdef Py_ssize_t base, word, c1, mi, bk, y2
         cdef uint64_t bits
+        cdef const uint64_t* bitsrc
+        cdef const uint64_t* cpu_mask = NULL
         cdef bint stop
         cdef int status = PL_PLACED
         for x in range(N_INFO):
             info[x] = -1
+        # Only nodes without devices can hold a CPU-only request: mask the rest out.
+        if req[R_CPU_ONLY]:
+            cpu_mask = &self.nodev_bits[0]
         # Buckets to visit, with a lower bound on the score of any node in them: the model
-        # rank of the row, leftover >= free GPUs - ng, the row's smallest weight and device
-        # watts; islands, NUMA and load terms are >= 0.
+        # rank of the row, leftover >= free devices of the bucket - asked, the row's smallest
+        # weight and device watts; islands, NUMA and load terms are >= 0. Requests with GPUs
+        # walk the GPU index; FPGA-only requests walk the FPGA index (a node that fits has an
+        # allowed FPGA model and >= nf free FPGAs); the rest walk the GPU index whole, or only
+        # its zero-free-GPU buckets for CPU-only requests.
         nb = 0
+        bitsrc = &self.b_bits[0]
+        if ng == 0 and nf > 0:
+            bitsrc = &self.fb_bits[0]
+            width = self.max_fpgas + 1
+            for row in range(1, self.n_fpga_rows):
+                if frank[row - 1] < 0 or self.frow_min_weight[row] < 0:
+                    continue
+                for c in range(nf, width):
+                    if self.fb_count[row * width + c] == 0:
+                        continue
+                    lb = (
+                        w[T_MODEL] * frank[row - 1]
+                        + w[T_LEFTOVER] * (c - nf)
+                        + w[T_WEIGHT] * self.frow_min_weight[row]
+                        + w[T_ENERGY] * nf * self.frow_min_dyn[row]
+                        + w[T_LOAD] * (nc * 1000 // self.frow_max_cores[row])
+                    )
+                    self.b_lb[nb] = lb
+                    self.b_order[nb] = <int32_t>(row * width + c)
+                    nb += 1
         for row in range(self.n_gpu_models + 1):
+            if ng == 0 and nf > 0:
+                break
             if ng > 0 and (row == 0 or mrank[row - 1] < 0):
                 continue
             if self.row_min_weight[row] < 0:
                 continue
             c0 = ng if ng > 0 else 0
-            for c in range(c0, width):
-                if self.b_count[row * width + c] == 0:
+            c1 = width
+            if cpu_mask != NULL:
+                if self.row_nodev[row] == 0:
                     continue
-                lb = (
-                    (w[T_MODEL] * mrank[row - 1] if ng > 0 else 0)
-                    + w[T_LEFTOVER] * (c - ng)
-                    + w[T_WEIGHT] * self.row_min_weight[row]
-                    + w[T_ENERGY] * ng * self.row_min_dyn[row]
-                    + w[T_LOAD] * (nc * 1000 // self.row_max_cores[row])
-                )
-                if ng > 0:
-                    # Islands spanned >= ng / (largest island of the row), rounded up.
-                    lb += w[T_ISLANDS] * (
-                        (ng + self.row_max_island[row] - 1) // self.row_max_island[row] - 1
+                # A node with a free GPU has a GPU.
+                c1 = c0 + 1
+            for c in range(c0, c1):
+                for mi in range(self.iwidth):
+                    bk = (row * width + c) * self.iwidth + mi
+                    if self.b_count[bk] == 0:
+                        continue
+                    lb = (
+                        (w[T_MODEL] * mrank[row - 1] if ng > 0 else 0)
+                        + w[T_LEFTOVER] * (c - ng)
+                        + w[T_WEIGHT] * self.row_min_weight[row]
+                        + w[T_ENERGY] * ng * self.row_min_dyn[row]
+                        + w[T_LOAD] * (nc * 1000 // self.row_max_cores[row])
                     )
-                # Insertion sort by bound: at most (models + 1) x (max GPUs + 1) buckets.
-                y = nb
-                while y > 0 and self.b_lb[y - 1] > lb:
-                    self.b_lb[y] = self.b_lb[y - 1]
-                    self.b_order[y] = self.b_order[y - 1]
-                    y -= 1
-                self.b_lb[y] = lb
-                self.b_order[y] = <int32_t>(row * width + c)
-                nb += 1
+                    if ng > 0:
+                        # The chosen GPUs span >= ng / mi islands (rounded up) when at most mi
+                        # free GPUs share one; with NVLink required that must be one island.
+                        if mi == 0 or (req[R_NVLINK] and mi < ng):
+                            continue
+                        lb += w[T_ISLANDS] * ((ng + mi - 1) // mi - 1)
+                    self.b_lb[nb] = lb
+                    self.b_order[nb] = <int32_t>bk
+                    nb += 1
         # A single node is the best (score, index) pair, so once the best found is below a
         # bucket's bound, or equal to it with a lower index than the rest of the (ascending)
         # bucket, nothing left can win. Multi-node requests need every fitting node's switch
         # path, so they visit every bucket.
         stop = False
         for y in range(nb):
+            if k == 1:
+                # Lowest bound next (selection: a single-node search usually stops after the
+                # first bucket or two, so sorting them all would cost more).
+                y2 = y
+                for x in range(y + 1, nb):
+                    if self.b_lb[x] < self.b_lb[y2]:
+                        y2 = x
+                if y2 != y:
+                    lb = self.b_lb[y2]
+                    self.b_lb[y2] = self.b_lb[y]
+                    self.b_lb[y] = lb
+                    r = self.b_order[y2]
+                    self.b_order[y2] = self.b_order[y]
+                    self.b_order[y] = <int32_t>r
             lb = self.b_lb[y]
             if k == 1 and best_node >= 0 and lb > best_score:
                 break
             base = self.b_order[y] * self.n_words
             for word in range(self.n_words):
-                bits = self.b_bits[base + word]
+                bits = bitsrc[base + word]
+                if cpu_mask != NULL:
+                    bits &= cpu_mask[word]
                 while bits != 0:
                     i = <int32_t>(word * 64 + __builtin_ctzll(bits))
                     bits &= bits - 1
@@ -1116,7 +1226,8 @@ cdef class PlacementCore:
         }
 
     def index_buckets(self):
-        """The free-capacity index as {(gpu model id, free GPUs): [nodes]} (for tests)."""
+        """The free-capacity index as {(gpu model id, free GPUs, most free GPUs in one
+        NVLink island): [nodes]} (for tests)."""
         out = {}
         width = self.max_gpus + 1
         for key in range(self.b_count.shape[0]):
@@ -1125,6 +1236,21 @@ cdef class PlacementCore:
                 if (int(self.b_bits[key * self.n_words + (i >> 6)]) >> (i & 63)) & 1
             ]
             assert len(members) == self.b_count[key]
+            if members:
+                row, isl = divmod(key, self.iwidth)
+                out[(row // width - 1, row % width, isl)] = members
+        return out
+
+    def fpga_index_buckets(self):
+        """The FPGA index as {(fpga model id, free FPGAs): [nodes]} (for tests)."""
+        out = {}
+        width = self.max_fpgas + 1
+        for key in range(self.fb_count.shape[0]):
+            members = [
+                i for i in range(self.n_nodes)
+                if (int(self.fb_bits[key * self.n_words + (i >> 6)]) >> (i & 63)) & 1
+            ]
+            assert len(members) == self.fb_count[key]
             if members:
                 out[(key // width - 1, key % width)] = members
         return out

@@ -184,18 +184,18 @@ class KernelRequest:
 
     def vector(self) -> npt.NDArray[np.int64]:
         """The kernel's ``req`` vector, shape (N_REQ,), int64."""
-        out = np.zeros(N_REQ, dtype=np.int64)
-        out[R_GPUS] = self.gpus
-        out[R_FPGAS] = self.fpgas
-        out[R_CORES] = self.cores
-        out[R_MEM] = self.mem_mib
-        out[R_MIN_GPU_MEM] = self.min_gpu_mem_mib
-        out[R_NODES] = self.nodes
-        out[R_NVLINK] = self.nvlink
-        out[R_NUMA] = self.numa
-        out[R_SWITCH] = self.switch
-        out[R_CPU_ONLY] = self.cpu_only
-        return out
+        fields = [0] * N_REQ
+        fields[R_GPUS] = self.gpus
+        fields[R_FPGAS] = self.fpgas
+        fields[R_CORES] = self.cores
+        fields[R_MEM] = self.mem_mib
+        fields[R_MIN_GPU_MEM] = self.min_gpu_mem_mib
+        fields[R_NODES] = self.nodes
+        fields[R_NVLINK] = int(self.nvlink)
+        fields[R_NUMA] = int(self.numa)
+        fields[R_SWITCH] = int(self.switch)
+        fields[R_CPU_ONLY] = int(self.cpu_only)
+        return np.array(fields, dtype=np.int64)
 
 
 def _ro(array: npt.NDArray[Any]) -> npt.NDArray[Any]:

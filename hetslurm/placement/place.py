@@ -13,7 +13,9 @@ moves them into a ``[placement]`` section of the site file.
 from __future__ import annotations
 
 import difflib
+import functools
 import operator
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
@@ -194,6 +196,15 @@ class NodeEvaluation:
         return STATUSES[int(st.max())] if st.size else "nodes"
 
 
+#: Built once: constructing ScoreWeights validates every field (a few microseconds).
+_DEFAULT_WEIGHTS = ScoreWeights()
+
+
+@functools.lru_cache(maxsize=64)
+def _weight_vector(w: ScoreWeights, energy_low: bool) -> tuple[int, ...]:
+    return w.vector(energy_low=energy_low)
+
+
 # --- validation -------------------------------------------------------------------------------
 
 
@@ -239,7 +250,33 @@ def compile_request(
         PlacementError: A count is not an integer, is negative or a Slurm sentinel; a model
             is unknown; ``gpus_per_job`` does not split evenly; nothing is asked for.
     """
-    w = weights or ScoreWeights()
+    # The answer depends on the request, the weights and three fields of the model only, so
+    # a repeated request (the common case: a scheduler sees the same shapes over and over) is
+    # answered from a bounded cache. The field types are part of the key, so ``True`` or
+    # ``1.0`` never hit an entry made for ``1`` (they must raise). Errors are not cached.
+    try:
+        key = (request, tuple(map(type, vars(request).values())), weights, model.gpu_models,
+               model.fpga_models, model.def_mem_per_cpu_mib)
+        kr = _COMPILED.get(key)
+    except TypeError:  # an unhashable field (a list where a tuple was expected)
+        return _compile(model, request, weights)
+    if kr is None:
+        kr = _compile(model, request, weights)
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.clear()
+        _COMPILED[key] = kr
+    return kr
+
+
+#: compile_request's cache (see there); cleared whole when full.
+_COMPILED: dict[tuple[Any, ...], KernelRequest] = {}
+_COMPILED_MAX = 4096
+
+
+def _compile(
+    model: ClusterModel, request: Request, weights: ScoreWeights | None
+) -> KernelRequest:
+    w = weights or _DEFAULT_WEIGHTS
     nodes = _count("nodes", request.nodes, low=1)
     if request.gpus_per_job is not None:
         per_job = _count("gpus_per_job", request.gpus_per_job)
@@ -272,7 +309,7 @@ def compile_request(
         cpu_only=bool(request.cpu_only),
         gpu_rank=_ranks("GPU", request.gpu_models, model.gpu_models, gpus > 0),
         fpga_rank=_ranks("FPGA", request.fpga_models, model.fpga_models, fpgas > 0),
-        weights=w.vector(energy_low=request.energy == "low"),
+        weights=_weight_vector(w, request.energy == "low"),
     )
 
 
@@ -296,15 +333,20 @@ def _kernel_sized(model: ClusterModel, kr: KernelRequest) -> bool:
 # --- kernels ----------------------------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1024)
 def _arrays(kr: KernelRequest) -> tuple[
     npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int64]
 ]:
-    return (
+    """The kernel's input vectors of ``kr`` (read-only: they are cached per request)."""
+    out = (
         kr.vector(),
         np.asarray(kr.gpu_rank, dtype=np.int32).reshape(-1),
         np.asarray(kr.fpga_rank, dtype=np.int32).reshape(-1),
         np.asarray(kr.weights, dtype=np.int64),
     )
+    for a in out:
+        a.flags.writeable = False
+    return out
 
 
 def evaluate_nodes(
@@ -339,14 +381,33 @@ class _Raw:
     terms: tuple[tuple[int, ...], ...] = ()
 
 
+#: Output buffers of _run, per thread, reused while a request fits in them (the kernel writes
+#: every entry _unpack reads when it places, and _unpack copies them out).
+_SCRATCH = threading.local()
+#: Requests needing more int32 entries than this get buffers of their own, not kept.
+_SCRATCH_MAX = 1 << 16
+
+
+def _buffers(k: int, kr: KernelRequest) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32],
+                                                 npt.NDArray[np.int32], npt.NDArray[np.int32],
+                                                 npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    size = max(k * max(kr.gpus, kr.fpgas, kr.cores, N_T), 1)
+    bufs = getattr(_SCRATCH, "bufs", None)
+    if bufs is not None and size <= len(bufs[0]):
+        return bufs  # type: ignore[no-any-return]
+    fresh = size if size > _SCRATCH_MAX else max(size, 256)
+    new = (
+        np.full(fresh, -1, dtype=np.int32), np.full(fresh, -1, dtype=np.int32),
+        np.full(fresh, -1, dtype=np.int32), np.full(fresh, -1, dtype=np.int32),
+        np.zeros(fresh, dtype=np.int64), np.zeros(N_INFO, dtype=np.int64),
+    )
+    if size <= _SCRATCH_MAX:
+        _SCRATCH.bufs = new
+    return new
+
+
 def _run(core: PlacementCore, kr: KernelRequest, commit: bool = False) -> _Raw:
-    k = kr.nodes
-    nodes = np.full(max(k, 1), -1, dtype=np.int32)
-    gpus = np.full(max(k * kr.gpus, 1), -1, dtype=np.int32)
-    fpgas = np.full(max(k * kr.fpgas, 1), -1, dtype=np.int32)
-    cores = np.full(max(k * kr.cores, 1), -1, dtype=np.int32)
-    terms = np.zeros(max(k * N_T, 1), dtype=np.int64)
-    info = np.zeros(N_INFO, dtype=np.int64)
+    nodes, gpus, fpgas, cores, terms, info = _buffers(kr.nodes, kr)
     status = int(core.place(*_arrays(kr), commit, nodes, gpus, fpgas, cores, terms, info))
     if status != PL_PLACED:
         return _Raw(status, tuple(info.tolist()))
@@ -359,10 +420,13 @@ def _unpack(status: int, info: npt.NDArray[np.int64], nodes: npt.NDArray[np.int3
             kr: KernelRequest) -> _Raw:
     k = kr.nodes
 
-    def rows(flat: npt.NDArray[np.int32], width: int) -> tuple[tuple[int, ...], ...]:
+    def rows(flat: npt.NDArray[Any], width: int) -> tuple[tuple[int, ...], ...]:
         if width == 0:
             return ((),) * k
-        return tuple(tuple(r) for r in flat[: k * width].reshape(k, width).tolist())
+        values = flat[: k * width].tolist()
+        if k == 1:
+            return (tuple(values),)
+        return tuple(tuple(values[r * width:(r + 1) * width]) for r in range(k))
 
     return _Raw(
         status,
@@ -371,7 +435,7 @@ def _unpack(status: int, info: npt.NDArray[np.int64], nodes: npt.NDArray[np.int3
         rows(gpus, kr.gpus),
         rows(fpgas, kr.fpgas),
         rows(cores, kr.cores),
-        tuple(tuple(r) for r in terms[: k * N_T].reshape(k, N_T).tolist()),
+        rows(terms, N_T),
     )
 
 
@@ -380,28 +444,24 @@ def _unpack(status: int, info: npt.NDArray[np.int64], nodes: npt.NDArray[np.int3
 
 def _placed(model: ClusterModel, kr: KernelRequest, raw: _Raw) -> Placement:
     w = kr.weights
-    nodes = []
-    for r, i in enumerate(raw.nodes):
-        t = raw.terms[r]
-        nodes.append(NodePlacement(
-            name=model.names[i], gpus=raw.gpus[r], fpgas=raw.fpgas[r], cores=raw.cores[r],
-            score=sum(a * b for a, b in zip(t, w, strict=False)),
-            terms=dict(zip(TERMS, t, strict=True)),
-        ))
+    names = model.names
+    nodes = tuple(
+        NodePlacement(
+            name=names[i], gpus=raw.gpus[r], fpgas=raw.fpgas[r], cores=raw.cores[r],
+            score=sum(map(operator.mul, t, w)), terms=dict(zip(TERMS, t, strict=True)),
+        )
+        for r, (i, t) in enumerate(zip(raw.nodes, raw.terms, strict=True))
+    )
     levels = raw.info[I_LEVELS]
-    sums = {name: sum(r[j] for r in raw.terms) for j, name in enumerate(TERMS)}
+    sums = dict(zip(TERMS, map(sum, zip(*raw.terms, strict=True)), strict=True))
     sums["switch"] = levels
     weighted = {name: sums[name] * w[j] for j, name in enumerate(TERMS)}
     weighted["switch"] = levels * w[N_T]
-    placement = Placement(
-        placeable=True, nodes=tuple(nodes), score=raw.info[I_TOTAL], terms=sums,
-        weighted=weighted,
+    score = raw.info[I_TOTAL]
+    return Placement(
+        placeable=True, nodes=nodes, score=score, terms=sums, weighted=weighted,
+        reason=_why(model, kr, raw, nodes, score),
     )
-    return _with_reason(placement, _why(model, kr, raw, placement))
-
-
-def _with_reason(p: Placement, reason: str) -> Placement:
-    return Placement(**{**{f.name: getattr(p, f.name) for f in fields(p)}, "reason": reason})
 
 
 def _models(kr: KernelRequest, known: tuple[str, ...], rank: tuple[int, ...]) -> str:
@@ -409,9 +469,10 @@ def _models(kr: KernelRequest, known: tuple[str, ...], rank: tuple[int, ...]) ->
     return "|".join(m for _, m in allowed) if len(allowed) < len(known) else ""
 
 
-def _why(model: ClusterModel, kr: KernelRequest, raw: _Raw, p: Placement) -> str:
+def _why(model: ClusterModel, kr: KernelRequest, raw: _Raw, placed: tuple[NodePlacement, ...],
+         score: int) -> str:
     parts = []
-    for node, i in zip(p.nodes, raw.nodes, strict=True):
+    for node, i in zip(placed, raw.nodes, strict=True):
         bits = []
         if node.gpus:
             gm = model.gpu_models[int(model.gpu_model[i])]
@@ -428,7 +489,7 @@ def _why(model: ClusterModel, kr: KernelRequest, raw: _Raw, p: Placement) -> str
     where = ("one leaf switch" if levels == 0 else f"{levels} switch level(s) up") \
         if kr.nodes > 1 else ""
     # Single-node searches stop once nothing left can win, so "examined" is not "all".
-    head = (f"lowest score {p.score}; {raw.info[I_TOUCHED]} candidate node(s) examined, "
+    head = (f"lowest score {score}; {raw.info[I_TOUCHED]} candidate node(s) examined, "
             f"{raw.info[I_FITTING]} fit")
     if where:
         sw = model.switch_names[raw.info[I_SWITCH]]
@@ -467,44 +528,77 @@ def _constraint(code: str, kr: KernelRequest, model: ClusterModel, free: bool) -
 def _impossible(model: ClusterModel, kr: KernelRequest) -> tuple[Placement | None, int]:
     """The "impossible" answer when the request fits nowhere even empty, and the number of
     nodes that would each hold the per-node request on the empty cluster."""
+    verdict, fit_empty, _ = _when_empty(model, kr)
+    return verdict, fit_empty
+
+
+#: Requests whose empty-cluster answer one empty model keeps (cleared whole when full).
+_EMPTY_CACHE_MAX = 1024
+
+
+def _when_empty(
+    model: ClusterModel, kr: KernelRequest
+) -> tuple[Placement | None, int, npt.NDArray[np.bool_] | None]:
+    """_impossible's answer, plus which nodes would each fit on the empty cluster.
+
+    The empty cluster depends on the model's static arrays only, so the answer is kept per
+    request in the (cached) empty model: a busy queue asks the same shapes over and over.
+    """
+    if model.n_nodes == 0:
+        return _impossible_uncached(model, kr)
+    cache = model.empty()._cache.setdefault("when_empty", {})
+    hit: tuple[Placement | None, int, npt.NDArray[np.bool_] | None] | None = cache.get(kr)
+    if hit is None:
+        hit = _impossible_uncached(model, kr)
+        if len(cache) >= _EMPTY_CACHE_MAX:
+            cache.clear()
+        cache[kr] = hit
+    return hit
+
+
+def _impossible_uncached(
+    model: ClusterModel, kr: KernelRequest
+) -> tuple[Placement | None, int, npt.NDArray[np.bool_] | None]:
     k = kr.nodes
     if model.n_nodes == 0:
         return Placement(False, reason="impossible: the cluster has no nodes", impossible=True,
-                         blocking="nodes", fits_when_empty=0), 0
+                         blocking="nodes", fits_when_empty=0), 0, None
     empty = model.empty()
     when_empty = _evaluate(empty.core(), model.n_nodes, kr)
+    could = when_empty.status == ST_FITS
+    could.flags.writeable = False
     fit_empty = int((when_empty.status == ST_FITS).sum())
     if k > model.n_nodes:
         return Placement(False, reason=f"impossible: {k} nodes requested, the cluster has "
                          f"{model.n_nodes}", impossible=True, blocking="nodes",
-                         fits_when_empty=fit_empty), fit_empty
+                         fits_when_empty=fit_empty), fit_empty, could
     if fit_empty < k:
         code = when_empty.blocking() if fit_empty == 0 else "nodes"
         why = (_constraint(when_empty.blocking(), kr, model, free=False) if fit_empty == 0
                else f"only {fit_empty} node(s) can hold the per-node request, {k} needed; the "
                f"others: {_constraint(when_empty.blocking(), kr, model, free=False)}")
         return Placement(False, reason=f"impossible on this cluster: {why}", impossible=True,
-                         blocking=code, fits_when_empty=fit_empty), fit_empty
+                         blocking=code, fits_when_empty=fit_empty), fit_empty, could
     empty_raw = _run(empty.core(), kr)
     if empty_raw.status == PL_SWITCH:
         return Placement(
             False, impossible=True, blocking="switch", fits_when_empty=fit_empty,
             reason=f"impossible on this cluster: no leaf switch holds {k} nodes that fit "
             f"(best leaf holds {empty_raw.info[I_BEST_LEAF]}; switch=required)",
-        ), fit_empty
-    return None, fit_empty
+        ), fit_empty, could
+    return None, fit_empty, could
 
 
 def _unplaced(
     model: ClusterModel, kr: KernelRequest, raw: _Raw | None, live: LiveState | None
 ) -> Placement:
-    verdict, fit_empty = _impossible(model, kr)
+    verdict, fit_empty, could = _when_empty(model, kr)
     if verdict is not None:
         return verdict
+    assert could is not None
     k = kr.nodes
     now = _evaluate(model.core(), model.n_nodes, kr)
     fit_now = now.status == ST_FITS
-    could = _evaluate(model.empty().core(), model.n_nodes, kr).status == ST_FITS
     if raw is not None and raw.status == PL_SWITCH:
         code = "switch"
         why = (f"no leaf switch has {k} nodes that fit now (best leaf has "

@@ -209,6 +209,7 @@ def test_batch_matches_reference(model: ClusterModel, krs: list[KernelRequest]) 
         mem_free_mib=state["mem_free"], free_at=model.state.free_at,
     )).new_core()
     assert again.index_buckets() == core_obj.index_buckets()
+    assert again.fpga_index_buckets() == core_obj.fpga_index_buckets()
 
 
 def test_evaluate_nodes_api_matches_kernel_scores() -> None:
