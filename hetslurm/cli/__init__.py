@@ -76,6 +76,9 @@ def _register() -> None:
     from hetslurm.cli import simulate_cmd
 
     simulate_cmd.register(cli)
+    from hetslurm.cli import act_cmd
+
+    act_cmd.register(cli)
 
 
 _register()

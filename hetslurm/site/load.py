@@ -421,6 +421,7 @@ def _resolve(ctx: _Ctx, f: SiteFile, sections: dict[str, Any]) -> Site:
     _check_hook_section(ctx, sections.get("hook"), gpu_present)
     _check_levers_section(ctx, levers, nodes, partitions)
     _check_usage_section(ctx, sections.get("usage"), gpu_present)
+    _check_stall_section(ctx, sections.get("stall"), partitions)
     return Site(
         path=ctx.path,
         name=f.name,
@@ -516,6 +517,24 @@ def _check_hook_section(ctx: _Ctx, hook: Any, gpu_models: set[str]) -> None:
         if model not in gpu_models:
             raise ctx.error(("hook", "energy_low_models", i), f"'{model}' is not a GPU model of "
                             f"this site{did_you_mean(model, gpu_models)}")
+
+
+def _check_stall_section(ctx: _Ctx, stall: Any, partitions: Any) -> None:
+    """``[stall]``: exempt partitions exist; the notifier and the log and lock are absolute
+    paths."""
+    if stall is None:
+        return
+    for i, part in enumerate(stall.exempt_partitions):
+        if partitions and part not in partitions:
+            raise ctx.error(("stall", "exempt_partitions", i), f"'{part}' is not a partition "
+                            f"of this site{did_you_mean(part, list(partitions))}")
+    if stall.notify_command and not stall.notify_command[0].startswith("/"):
+        # An absolute path: a cron job's PATH must not decide which program is run as root.
+        raise ctx.error(("stall", "notify_command", 0),
+                        "the notifier must be an absolute path (it runs with no shell)")
+    for key in ("action_log", "lock_file"):
+        if not getattr(stall, key).startswith("/"):
+            raise ctx.error(("stall", key), "must be an absolute path")
 
 
 def _check_usage_section(ctx: _Ctx, usage: Any, gpu_models: set[str]) -> None:

@@ -216,6 +216,53 @@ register_section("usage", Usage, Usage())
 register_section("collector", Collector, Collector())
 
 
+StallAction = Annotated[str, Field(pattern=r"^(notify|requeue|requeue_hold)$")]
+
+
+class Stall(_Strict):
+    """``[stall]``: when ``hetslurm act requeue-stalled`` gives idle GPUs back (docs/act.md).
+
+    "Idle" is ``[usage]``'s rule (thresholds, memory rule, coverage) over the last
+    ``window_s``; unknown samples are never idle.
+    """
+
+    #: The idle window judged at each run; default: ``[usage] idle_window_s``.
+    window_s: Annotated[StrictInt, Field(ge=60, le=30 * 86400)] | None = None
+    #: A run younger than this (or than the window) is never judged.
+    grace_after_start_s: Annotated[StrictInt, Field(ge=0, le=30 * 86400)] = 1800
+    #: A warning (logged, notified) must precede any requeue, hold or cancel by this long.
+    warning_grace_s: Annotated[StrictInt, Field(ge=0, le=30 * 86400)] = 1800
+    #: Requeues per job, counted from Slurm's ``Restarts`` (a requeue resets the submit time).
+    max_requeues: Annotated[StrictInt, Field(ge=0, le=100)] = 2
+    #: What an idle, requeueable batch job gets.
+    action: StallAction = "requeue"
+    #: What a job at the cap gets instead (``requeue_hold`` holds it; ``notify`` only tells).
+    over_cap_action: Annotated[str, Field(pattern=r"^(notify|requeue_hold)$")] = "notify"
+    #: Jobs that cannot be requeued (interactive ``salloc``/``srun``): tell, or cancel them
+    #: after the warning grace.
+    non_batch_action: Annotated[str, Field(pattern=r"^(notify|cancel)$")] = "notify"
+    #: A job whose output is not known to be in append mode (a requeue would truncate it):
+    #: ``notify`` skips it and tells; ``requeue`` acts anyway.
+    no_append_action: Annotated[str, Field(pattern=r"^(notify|requeue)$")] = "notify"
+    exempt_users: tuple[str, ...] = ()
+    exempt_accounts: tuple[str, ...] = ()
+    exempt_partitions: tuple[str, ...] = ()
+    exempt_qos: tuple[str, ...] = ()
+    #: The site's notifier as an argv list (never a shell); ``{job}``, ``{user}``,
+    #: ``{action}``, ``{rule}`` in an element are replaced; the decision arrives as JSON on
+    #: stdin. Empty: notifications go to the action log only.
+    notify_command: tuple[str, ...] = ()
+    notify_timeout_s: Annotated[StrictInt, Field(ge=1, le=600)] = 30
+    #: Append-only JSON-lines action log and the lock that keeps runs from overlapping.
+    action_log: str = "/var/log/hetslurm/actions.jsonl"
+    lock_file: str = "/run/hetslurm/act.lock"
+    #: Seconds to wait for Slurm to show a requeued job pending with its restarts raised.
+    verify_timeout_s: Annotated[StrictFloat | StrictInt, Field(gt=0, le=600)] = 20
+
+
+register_section("stall", Stall, Stall())
+
+
 class HookPolicy(_Strict):
     """``[hook]``: the job_submit hook's policy (docs/site-config.md, docs/hook.md).
 

@@ -344,8 +344,8 @@ class SlurmBackend(abc.ABC):
         """Requeue a running job; with ``incomplete`` only tasks that have not finished."""
 
     @abc.abstractmethod
-    def requeue_hold(self, job_id: JobRef) -> None:
-        """Requeue a job and hold it."""
+    def requeue_hold(self, job_id: JobRef, *, incomplete: bool = False) -> None:
+        """Requeue a job and hold it; with ``incomplete`` only if it has not finished."""
 
     @abc.abstractmethod
     def cancel(self, job_id: JobRef) -> None:

@@ -185,8 +185,9 @@ class CliBackend(SlurmBackend):
         opt = ("Incomplete",) if incomplete else ()
         self._run_object(f"job {job_id}", "scontrol", "requeue", *opt, str(job_id))
 
-    def requeue_hold(self, job_id: JobRef) -> None:
-        self._run_object(f"job {job_id}", "scontrol", "requeuehold", str(job_id))
+    def requeue_hold(self, job_id: JobRef, *, incomplete: bool = False) -> None:
+        opt = ("Incomplete",) if incomplete else ()
+        self._run_object(f"job {job_id}", "scontrol", "requeuehold", *opt, str(job_id))
 
     def cancel(self, job_id: JobRef) -> None:
         self._run_object(f"job {job_id}", "scancel", str(job_id))

@@ -272,8 +272,10 @@ class FakeSlurm(SlurmBackend):
             end_time=None,
         )
 
-    def requeue_hold(self, job_id: JobRef) -> None:
+    def requeue_hold(self, job_id: JobRef, *, incomplete: bool = False) -> None:
         jid = self._resolve(job_id)
+        if incomplete and self._jobs[jid].state == "COMPLETED":
+            return
         self.requeue(jid, incomplete=False)
         self._held.add(jid)
         self._jobs[jid] = replace(self._jobs[jid], reason="job_requeued_in_held_state")

@@ -1,0 +1,302 @@
+"""requeue-stalled on a fake cluster with synthetic samples: every rule, exemption, the cap,
+the warning grace, acting with re-checks and verification, and one failure not stopping
+the others."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from _act_fixtures import HOUR, NOW, append_probe, cluster, ctx, job, samples
+
+from hetslurm.act.log import ActionLog
+from hetslurm.act.stall import execute, gate, plan
+from hetslurm.errors import BackendError
+from hetslurm.slurm.fake import FakeSlurm
+
+
+def rules(decisions: list) -> dict[str, tuple[str, str]]:
+    return {d.job: (d.rule, d.planned) for d in decisions}
+
+
+def test_idle_busy_and_unknown_use_the_audit_rule() -> None:
+    fake = cluster(job(1), job(2), job(3), job(4), job(5, started_h=0.2))
+    s = samples({1: 0.0, 2: 50.0, 3: None, 5: 0.0})
+    got = rules(plan(fake, s, ctx(), now=NOW, output_probe=append_probe))
+    assert got["1"] == ("idle", "requeue")
+    assert got["2"] == ("not-idle", "none")
+    assert got["3"][0] == "unknown-metrics"  # unknown is never idle
+    assert got["4"][0] == "unknown-metrics"  # no samples at all
+    assert got["5"][0] == "in-grace"
+
+
+def test_a_busy_spell_inside_the_window_is_not_idle() -> None:
+    # Idle for the first of two hours, busy for the last ten minutes: the window judged is
+    # the last one, so no action.
+    s = samples({1: 0.0})
+    s.loc[s["time"] > NOW - 600, "utilization_pct"] = 40.0
+    got = rules(plan(cluster(job(1)), s, ctx(), now=NOW, output_probe=append_probe))
+    assert got["1"] == ("not-idle", "none")
+
+
+def test_low_coverage_is_not_idle() -> None:
+    s = samples({1: 0.0}, start=NOW - 600)  # 10 of 60 minutes sampled
+    got = rules(plan(cluster(job(1)), s, ctx(), now=NOW, output_probe=append_probe))
+    assert got["1"][0] == "unknown-metrics"
+
+
+@pytest.mark.parametrize(("kw", "stall", "rule", "planned"), [
+    ({"user": "bob"}, {"exempt_users": ("bob",)}, "exempt-user", "none"),
+    ({"account": "vip"}, {"exempt_accounts": ("vip",)}, "exempt-account", "none"),
+    ({"partition": "debug"}, {"exempt_partitions": ("debug",)}, "exempt-partition", "none"),
+    ({"qos": "long"}, {"exempt_qos": ("long",)}, "exempt-qos", "none"),
+    ({"requeue": False}, {}, "no-requeue", "none"),
+    ({"admin_comment": 'JS1:x hetslurm:{"v":1,"req":"gpus=2 no-requeue"}'}, {},
+     "no-requeue", "none"),
+    ({"admin_comment": 'hetslurm:{"v":1,"on_idle":"notify"}'}, {}, "on-idle-notify",
+     "notify"),
+    ({"admin_comment": 'hetslurm:{"v":1,"on_idle":"downgrade"}'}, {}, "on-idle-downgrade",
+     "notify"),
+    ({"batch": False}, {}, "non-batch", "notify"),
+    ({"batch": False}, {"non_batch_action": "cancel"}, "non-batch", "cancel"),
+    ({"het_job_id": 9, "het_job_offset": 0}, {}, "het-job", "notify"),
+    ({"restarts": 2}, {}, "cap-reached", "notify"),
+    ({"restarts": 2}, {"over_cap_action": "requeue_hold"}, "cap-reached", "requeue_hold"),
+    ({}, {"action": "requeue_hold"}, "idle", "requeue_hold"),
+    ({}, {"action": "notify"}, "idle", "notify"),
+])
+def test_rules_and_exemptions(kw: dict, stall: dict, rule: str, planned: str) -> None:
+    fake = cluster(job(1, **kw))
+    got = rules(plan(fake, samples({1: 1.0}), ctx(**stall), now=NOW, output_probe=append_probe))
+    assert list(got.values()) == [(rule, planned)]
+
+
+def test_user_edited_comment_is_not_the_record() -> None:
+    # The record lives in AdminComment by default; a user's Comment cannot exempt a job.
+    fake = cluster(job(1, comment='hetslurm:{"on_idle":"notify","req":"no-requeue"}'))
+    got = rules(plan(fake, samples({1: 0.0}), ctx(), now=NOW, output_probe=append_probe))
+    assert got["1"] == ("idle", "requeue")
+
+
+@pytest.mark.parametrize(("mode", "rule"), [("append", "idle"), ("discarded", "idle"),
+                                            ("truncate", "output-not-append"),
+                                            ("unknown", "output-not-append")])
+def test_output_not_in_append_mode_is_skipped_and_notified(mode: str, rule: str) -> None:
+    got = rules(plan(cluster(job(1)), samples({1: 0.0}), ctx(), now=NOW,
+                     output_probe=lambda _: mode))
+    assert got["1"][0] == rule
+    forced = rules(plan(cluster(job(1)), samples({1: 0.0}), ctx(no_append_action="requeue"),
+                        now=NOW, output_probe=lambda _: mode))
+    assert forced["1"] == ("idle", "requeue")
+
+
+def test_gate_needs_a_matured_warning_from_an_earlier_run() -> None:
+    c = ctx()
+    assert gate("requeue", None, c, NOW) == "warn"
+    assert gate("requeue", NOW, c, NOW) == "warn"  # this run's own warning does not count
+    assert gate("requeue", NOW - 600, c, NOW) == "wait"
+    assert gate("requeue", NOW - 1800, c, NOW) == "requeue"
+    assert gate("requeue", NOW - 10 * HOUR, c, NOW) == "warn"  # expired
+    assert gate("notify", None, c, NOW) == "notify"
+
+
+def test_first_run_warns_then_acts_after_the_grace(tmp_path: Path) -> None:
+    fake = cluster(job(1), job(2))
+    log = ActionLog(tmp_path / "a.jsonl")
+    c = ctx()
+    d1 = plan(fake, samples({1: 0.0, 2: 80.0}), c, now=NOW, log=log, output_probe=append_probe)
+    assert [d.action for d in d1] == ["warn", "none"]
+    execute(fake, d1, c, log, now=NOW, output_probe=append_probe)
+    assert fake.job(1).state == "RUNNING"
+    t2 = NOW + 600
+    d2 = plan(fake, samples({1: 0.0}, end=t2), c, now=t2, log=log, output_probe=append_probe)
+    assert d2[0].action == "wait"
+    t3 = NOW + 1800
+    d3 = plan(fake, samples({1: 0.0}, end=t3), c, now=t3, log=log, output_probe=append_probe)
+    assert d3[0].action == "requeue"
+    out = execute(fake, d3, c, log, now=t3, output_probe=append_probe)
+    # Job 2 has no samples now: unknown, logged, untouched.
+    assert [(o.job, o.result) for o in out] == [("1", "done"), ("2", "logged")]
+    assert fake.job(2).state == "RUNNING"
+    assert fake.job(1).state == "PENDING" and fake.job(1).restarts == 1
+    kinds = [e["kind"] for e in log.entries()]
+    assert kinds.count("warning") == 1 and "action" in kinds and kinds[-1] == "run"
+    action = next(e for e in log.entries("action"))
+    assert action["result"] == "done" and action["restarts_before"] == 0
+    decision = next(e for e in log.entries("decision") if e["action"] == "requeue")
+    assert decision["evidence"]["max_util_pct"] == 0.0 and decision["evidence"]["idle"]
+
+
+def _warned(fake: FakeSlurm, log: ActionLog, c, ids: list[int]) -> None:
+    for jid in ids:
+        j = fake.job(jid)
+        log.append("warning", {"t": NOW - 1800, "job": j.display_id, "job_id": jid,
+                               "restarts": j.restarts, "rule": "idle", "planned": "requeue"})
+
+
+def test_array_task_is_acted_on_as_array_underscore_task(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    class Recording(FakeSlurm):
+        def requeue(self, job_id, *, incomplete=True):  # type: ignore[no-untyped-def]
+            calls.append(str(job_id))
+            assert incomplete
+            super().requeue(job_id, incomplete=incomplete)
+
+    t = job(41, array_job_id=40, array_task_id=3)
+    fake = Recording(nodes=cluster().nodes(), jobs=[t])
+    log = ActionLog(tmp_path / "a.jsonl")
+    c = ctx()
+    _warned(fake, log, c, [41])
+    d = plan(fake, samples({41: 0.0}), c, now=NOW, log=log, output_probe=append_probe)
+    assert d[0].job == "40_3" and d[0].action == "requeue"
+    out = execute(fake, d, c, log, now=NOW, output_probe=append_probe)
+    assert calls == ["40_3"] and out[0].result == "done"
+
+
+def test_job_that_finished_before_the_action_is_not_rerun(tmp_path: Path) -> None:
+    fake = cluster(job(1), job(2))
+    log = ActionLog(tmp_path / "a.jsonl")
+    c = ctx()
+    _warned(fake, log, c, [1, 2])
+    d = plan(fake, samples({1: 0.0, 2: 0.0}), c, now=NOW, log=log, output_probe=append_probe)
+    fake._stop(1, "COMPLETED", None)  # finished between decision and action
+    out = {o.job: o for o in execute(fake, d, c, log, now=NOW, output_probe=append_probe)}
+    assert out["1"].result == "skipped" and "COMPLETED" in out["1"].detail
+    assert fake.job(1).state == "COMPLETED" and fake.job(1).restarts == 0
+    assert out["2"].result == "done"
+
+
+def test_finish_in_the_last_instant_is_caught_by_incomplete_and_verification(
+        tmp_path: Path) -> None:
+    class FinishesFirst(FakeSlurm):
+        def requeue(self, job_id, *, incomplete=True):  # type: ignore[no-untyped-def]
+            self._stop(self._resolve(job_id), "COMPLETED", None)
+            super().requeue(job_id, incomplete=incomplete)
+
+    fake = FinishesFirst(nodes=cluster().nodes(), jobs=[job(1)])
+    log = ActionLog(tmp_path / "a.jsonl")
+    c = ctx(notify_command=("/bin/true",))
+    _warned(fake, log, c, [1])
+    d = plan(fake, samples({1: 0.0}), c, now=NOW, log=log, output_probe=append_probe)
+    out = execute(fake, d, c, log, now=NOW, output_probe=append_probe)
+    assert out[0].result == "not-requeued" and out[0].notified is None
+    assert fake.job(1).state == "COMPLETED" and fake.job(1).restarts == 0
+    assert not [e for e in log.entries("notify") if e["action"] == "requeue"]
+
+
+def test_preemption_requeue_meanwhile_is_not_acted_on_again(tmp_path: Path) -> None:
+    fake = cluster(job(1))
+    log = ActionLog(tmp_path / "a.jsonl")
+    c = ctx()
+    _warned(fake, log, c, [1])
+    d = plan(fake, samples({1: 0.0}), c, now=NOW, log=log, output_probe=append_probe)
+    fake.requeue(1)  # Slurm's own PreemptMode=REQUEUE got there first
+    out = execute(fake, d, c, log, now=NOW, output_probe=append_probe)
+    assert out[0].result == "skipped"
+    assert fake.job(1).restarts == 1
+
+
+def test_a_flag_changed_since_the_decision_is_rechecked(tmp_path: Path) -> None:
+    fake = cluster(job(1))
+    log = ActionLog(tmp_path / "a.jsonl")
+    c = ctx()
+    _warned(fake, log, c, [1])
+    d = plan(fake, samples({1: 0.0}), c, now=NOW, log=log, output_probe=append_probe)
+    fake._jobs[1] = replace(fake._jobs[1], requeue=False)
+    out = execute(fake, d, c, log, now=NOW, output_probe=append_probe)
+    assert out[0].result == "skipped" and "no-requeue" in out[0].detail
+    assert fake.job(1).state == "RUNNING"
+
+
+def test_one_failure_never_stops_the_others(tmp_path: Path) -> None:
+    class Flaky(FakeSlurm):
+        def requeue(self, job_id, *, incomplete=True):  # type: ignore[no-untyped-def]
+            if str(job_id) == "1":
+                raise BackendError("slurmctld said no")
+            super().requeue(job_id, incomplete=incomplete)
+
+    fake = Flaky(nodes=cluster().nodes(), jobs=[job(1), job(2), job(3)])
+    log = ActionLog(tmp_path / "a.jsonl")
+    c = ctx()
+    _warned(fake, log, c, [1, 2, 3])
+    d = plan(fake, samples({1: 0.0, 2: 0.0, 3: 0.0}), c, now=NOW, log=log,
+             output_probe=append_probe)
+    out = {o.job: o.result for o in execute(fake, d, c, log, now=NOW,
+                                            output_probe=append_probe)}
+    assert out == {"1": "failed", "2": "done", "3": "done"}
+    assert any(e["result"] == "failed" for e in log.entries("action"))
+
+
+def test_hold_and_cancel_are_verified(tmp_path: Path) -> None:
+    fake = cluster(job(1, restarts=2), job(2, batch=False))
+    log = ActionLog(tmp_path / "a.jsonl")
+    c = ctx(over_cap_action="requeue_hold", non_batch_action="cancel")
+    _warned(fake, log, c, [1, 2])
+    d = plan(fake, samples({1: 0.0, 2: 0.0}), c, now=NOW, log=log, output_probe=append_probe)
+    assert [x.action for x in d] == ["requeue_hold", "cancel"]
+    out = {o.job: o.result for o in execute(fake, d, c, log, now=NOW,
+                                            output_probe=append_probe)}
+    assert out == {"1": "done", "2": "done"}
+    assert fake.job(1).restarts == 3 and "held" in (fake.job(1).reason or "")
+    assert fake.job(2).state == "CANCELLED"
+
+
+def test_notify_only_once_per_job_and_rule(tmp_path: Path) -> None:
+    fake = cluster(job(1, requeue=True, admin_comment='hetslurm:{"on_idle":"notify"}'))
+    log = ActionLog(tmp_path / "a.jsonl")
+    out_file = tmp_path / "notes"
+    script = tmp_path / "notifier"
+    script.write_text(f"#!/bin/sh\ncat >> {out_file}\necho >> {out_file}\n")
+    script.chmod(0o755)
+    c = ctx(notify_command=(str(script), "{job}", "{action}"))
+    for k in range(3):
+        t = NOW + k * 600
+        d = plan(fake, samples({1: 0.0}, end=t), c, now=t, log=log, output_probe=append_probe)
+        execute(fake, d, c, log, now=t, output_probe=append_probe)
+    notes = [json.loads(x) for x in out_file.read_text().splitlines() if x.strip()]
+    assert len(notes) == 1 and notes[0]["rule"] == "on-idle-notify"
+    assert fake.job(1).state == "RUNNING"
+
+
+def test_24h_of_cron_ticks_give_at_most_cap_plus_one_actions(tmp_path: Path) -> None:
+    # A job that idles forever, a tick every 10 minutes, each requeue restarting it at once.
+    fake = cluster(job(1))
+    log = ActionLog(tmp_path / "a.jsonl")
+    c = ctx(max_requeues=2, over_cap_action="requeue_hold")
+    changing = 0
+    for tick in range(24 * 6):
+        t = NOW + tick * 600
+        if fake.job(1).state == "PENDING" and "held" not in (fake.job(1).reason or ""):
+            from datetime import UTC, datetime
+
+            fake._jobs[1] = replace(fake._jobs[1], state="RUNNING", nodes=("n1",),
+                                    allocated_gres=job(1).allocated_gres,
+                                    start_time=datetime.fromtimestamp(t - 600, tz=UTC))
+        s = samples({1: 0.0}, start=t - 2 * HOUR, end=t)
+        d = plan(fake, s, c, now=t, log=log, output_probe=append_probe)
+        for o in execute(fake, d, c, log, now=t, output_probe=append_probe):
+            if o.result == "done":
+                changing += 1
+    assert changing <= c.stall.max_requeues + 1
+    assert fake.job(1).restarts == 3 and "held" in (fake.job(1).reason or "")
+
+
+def test_a_record_that_reads_differently_is_not_trusted(tmp_path: Path) -> None:
+    # A name such as "x JobState=PENDING Restarts=9" can forge fields of scontrol's one-line
+    # record: the single read then disagrees with the listing, and the job is left alone.
+    class Forged(FakeSlurm):
+        def job(self, job_id):  # type: ignore[no-untyped-def]
+            real = super().job(job_id)
+            return replace(real, name=real.name.split(" ")[0])
+
+    fake = Forged(nodes=cluster().nodes(), jobs=[job(1, name="x JobState=RUNNING Restarts=0")])
+    log = ActionLog(tmp_path / "a.jsonl")
+    c = ctx()
+    _warned(fake, log, c, [1])
+    d = plan(fake, samples({1: 0.0}), c, now=NOW, log=log, output_probe=append_probe)
+    out = execute(fake, d, c, log, now=NOW, output_probe=append_probe)
+    assert out[0].result == "skipped" and "not trusted" in out[0].detail
+    assert fake.job(1).state == "RUNNING"
