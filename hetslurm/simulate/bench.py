@@ -10,9 +10,10 @@ from typing import Any
 from hetslurm.placement.model import ClusterModel
 from hetslurm.simulate.engine import replay
 from hetslurm.simulate.params import Params
-from hetslurm.simulate.traces import TraceError, read_trace, traces_dir
+from hetslurm.simulate.traces import TraceError, read_trace
 from hetslurm.simulate.workload import build_jobs, node_weights, partition_nodes
 from hetslurm.site.model import Site
+from hetslurm.traces import traces_dir
 
 #: (name, path under $HETSLURM_TRACES, format, load): loads chosen so that the 100-GPU case
 #: study queues but does not diverge (docs/evidence.md: Alibaba bounded up to about 4,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import math
-import os
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -64,14 +63,6 @@ class Trace:
     format: str
     jobs: tuple[TraceJob, ...]
     skipped: dict[str, int] = field(default_factory=dict)
-
-
-def traces_dir() -> Path:
-    """``$HETSLURM_TRACES``, else ``../shared/traces`` beside the repository root."""
-    env = os.environ.get("HETSLURM_TRACES")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2].parent / "shared" / "traces"
 
 
 def read_trace(path: str | Path, fmt: str) -> Trace:

@@ -21,8 +21,9 @@ from hetslurm.placement.model import ClusterModel, KernelRequest
 from hetslurm.placement.place import ScoreWeights, compile_request, place
 from hetslurm.placement.request import Request, resolve
 from hetslurm.simulate.params import Params, PolicyParams
-from hetslurm.simulate.traces import TraceError, TraceJob, traces_dir
+from hetslurm.simulate.traces import TraceError, TraceJob
 from hetslurm.site.model import Site
+from hetslurm.traces import traces_dir
 
 PRIORITY_RANK = {"high": 0, "normal": 1, "low": 2}
 

@@ -14,7 +14,7 @@ from hetslurm.errors import ConfigError
 from hetslurm.placement.model import ClusterModel
 from hetslurm.simulate.engine import replay
 from hetslurm.simulate.params import Params, load_params
-from hetslurm.simulate.traces import TraceJob, traces_dir
+from hetslurm.simulate.traces import TraceJob
 from hetslurm.simulate.workload import (
     build_jobs,
     classify,
@@ -25,6 +25,7 @@ from hetslurm.simulate.workload import (
 )
 from hetslurm.site.load import load_site
 from hetslurm.site.model import Site
+from hetslurm.traces import traces_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "site-configs" / "simulate-params.toml"

@@ -12,8 +12,8 @@ from hetslurm.simulate.traces import (
     TraceError,
     read_alibaba_nodes,
     read_trace,
-    traces_dir,
 )
+from hetslurm.traces import traces_dir
 
 ALI_HEAD = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
             "creation_time,deletion_time,scheduled_time\n")
