@@ -3,11 +3,17 @@ installed hetslurm is what the tests import)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from hetslurm.site import Site
 from hetslurm.slurm.run import run_command
+from hetslurm.testbed import Testbed
+from hetslurm.testbed.procs import marked_pids
 
 
 class Jobs:
@@ -71,3 +77,22 @@ class Jobs:
 
 def nodes_with(site: Site, pred: Callable[..., bool]) -> set[str]:
     return {n.name for n in site.nodes if pred(n)}
+
+
+@contextmanager
+def own_testbed(prefix: str, site_file: Path) -> Iterator[Testbed]:
+    """A testbed of a test module's own (short /tmp path for the unix sockets), for tests
+    that restart or break the cluster; brought down at the end, with nothing left running."""
+    if os.geteuid() != 0:
+        raise AssertionError("cluster tests need root (the testbed starts Slurm daemons)")
+    root = Path(f"/tmp/{prefix}{os.getpid()}")
+    shutil.rmtree(root, ignore_errors=True)
+    bed = Testbed(root)
+    try:
+        bed.up(site_file)
+        yield bed
+    finally:
+        bed.down()
+        left = marked_pids(str(root))
+        shutil.rmtree(root, ignore_errors=True)
+        assert left == [], f"testbed processes left running: {left}"

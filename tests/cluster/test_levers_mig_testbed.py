@@ -8,20 +8,17 @@ down at the end; the test asserts nothing of it is left running.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _cluster_helpers import Jobs
+from _cluster_helpers import Jobs, own_testbed
 
 from hetslurm.levers import diff
 from hetslurm.site import levers, load_site
 from hetslurm.slurm.run import run_command
 from hetslurm.testbed import Testbed
-from hetslurm.testbed.procs import marked_pids
 from hetslurm.testbed.target import rollout_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,19 +27,8 @@ MIG_FILE = ROOT / "tests" / "data" / "levers" / "mig.toml"
 
 @pytest.fixture(scope="module")
 def tb() -> Iterator[Testbed]:
-    if os.geteuid() != 0:
-        pytest.fail("cluster tests need root (the testbed starts Slurm daemons)")
-    root = Path(f"/tmp/hmg{os.getpid()}")
-    shutil.rmtree(root, ignore_errors=True)
-    bed = Testbed(root)
-    try:
-        bed.up(MIG_FILE)
+    with own_testbed("hmg", MIG_FILE) as bed:
         yield bed
-    finally:
-        bed.down()
-        left = marked_pids(str(root))
-        shutil.rmtree(root, ignore_errors=True)
-        assert left == [], f"testbed processes left running: {left}"
 
 
 @pytest.fixture

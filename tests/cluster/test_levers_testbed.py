@@ -9,14 +9,12 @@ in file order and each leaves the cluster on the base site.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _cluster_helpers import Jobs
+from _cluster_helpers import Jobs, own_testbed
 from click.testing import CliRunner
 
 from hetslurm.cli import cli
@@ -26,7 +24,6 @@ from hetslurm.site import Site, load_site
 from hetslurm.site.load import parse_site
 from hetslurm.slurm.run import run_command
 from hetslurm.testbed import Testbed
-from hetslurm.testbed.procs import marked_pids
 from hetslurm.testbed.target import rollout_target
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,19 +38,8 @@ def _site(text: str) -> Site:
 
 @pytest.fixture(scope="module")
 def tb() -> Iterator[Testbed]:
-    if os.geteuid() != 0:
-        pytest.fail("cluster tests need root (the testbed starts Slurm daemons)")
-    root = Path(f"/tmp/hlv{os.getpid()}")
-    shutil.rmtree(root, ignore_errors=True)
-    bed = Testbed(root)
-    try:
-        bed.up(BASE_FILE)
+    with own_testbed("hlv", BASE_FILE) as bed:
         yield bed
-    finally:
-        bed.down()
-        left = marked_pids(str(root))
-        shutil.rmtree(root, ignore_errors=True)
-        assert left == [], f"testbed processes left running: {left}"
 
 
 @pytest.fixture
