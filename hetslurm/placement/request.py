@@ -367,21 +367,8 @@ def _workload_class(name: str, site: Site) -> WorkloadClass:
 
 
 def gpu_memory_mib(site: Site) -> dict[str, int | None]:
-    """Memory per GPU model in MiB; the smallest where node classes disagree, ``None`` if unknown.
-
-    The smallest, because a feature constraint for the model may land on any of its nodes.
-    """
-    out: dict[str, int | None] = {}
-    for spec in site.node_classes.values():
-        g = spec.gpus
-        if g is None:
-            continue
-        if g.model in out:
-            have = out[g.model]
-            out[g.model] = None if have is None or g.memory is None else min(have, g.memory)
-        else:
-            out[g.model] = g.memory
-    return out
+    """Memory per GPU model in MiB (:meth:`hetslurm.site.Site.gpu_memory_mib`)."""
+    return site.gpu_memory_mib()
 
 
 def _with_memory(

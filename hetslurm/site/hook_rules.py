@@ -43,22 +43,8 @@ def hook_policy(site: Site) -> HookPolicy:
 
 
 def gpu_memory(site: Site) -> dict[str, int]:
-    """Memory per GPU model in MiB: the smallest over node classes; unknown models left out.
-
-    The smallest, because a feature constraint for the model may land on any of its nodes
-    (the same rule as ``hetslurm.placement.request.gpu_memory_mib``).
-    """
-    seen: dict[str, int | None] = {}
-    for spec in site.node_classes.values():
-        g = spec.gpus
-        if g is None:
-            continue
-        if g.model in seen:
-            have = seen[g.model]
-            seen[g.model] = None if have is None or g.memory is None else min(have, g.memory)
-        else:
-            seen[g.model] = g.memory
-    return {m: v for m, v in sorted(seen.items()) if v is not None}
+    """Memory per GPU model in MiB (:meth:`Site.gpu_memory_mib`), unknown models left out."""
+    return {m: v for m, v in sorted(site.gpu_memory_mib().items()) if v is not None}
 
 
 def hook_rules(site: Site) -> dict[str, Any]:

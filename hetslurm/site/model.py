@@ -96,6 +96,22 @@ class Site:
         return _ordered({c.gpus.model for c in self.node_classes.values() if c.gpus},
                         self.scheduling.gpu_model_order)
 
+    def gpu_memory_mib(self) -> dict[str, int | None]:
+        """Memory per GPU model in MiB; the smallest where node classes disagree, ``None``
+        where any class leaves it unknown. The smallest, because a feature constraint for
+        the model may land on any of its nodes."""
+        out: dict[str, int | None] = {}
+        for spec in self.node_classes.values():
+            g = spec.gpus
+            if g is None:
+                continue
+            if g.model in out:
+                have = out[g.model]
+                out[g.model] = None if have is None or g.memory is None else min(have, g.memory)
+            else:
+                out[g.model] = g.memory
+        return out
+
     def fpga_models(self) -> tuple[str, ...]:
         return _ordered({c.fpgas.model for c in self.node_classes.values() if c.fpgas},
                         self.scheduling.fpga_model_order)

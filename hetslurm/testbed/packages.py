@@ -52,23 +52,32 @@ def ensure_packages(log: object = print) -> list[str]:
     if os.geteuid() != 0:
         raise TestbedError(f"packages missing ({', '.join(missing)}); run as root to install them")
     log(f"installing Debian packages: {' '.join(missing)}")  # type: ignore[operator]
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    created_policy = False
-    if not _POLICY_RC.exists():
-        _POLICY_RC.write_text("#!/bin/sh\n# written by hetslurm testbed during apt-get\nexit 101\n")
-        _POLICY_RC.chmod(0o755)
-        created_policy = True
-    try:
-        run_command(["apt-get", "update", "-qq"], timeout=600, env=env)
-        run_command(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
-                    timeout=1800, env=env)
-    finally:
-        if created_policy:
-            _POLICY_RC.unlink(missing_ok=True)
+    apt_install(missing)
     still = missing_packages()
     if still:
         raise TestbedError(f"apt-get did not install: {', '.join(still)}")
     return missing
+
+
+def apt_install(pkgs: list[str]) -> None:
+    """``apt-get install`` as root with services kept from starting.
+
+    ``policy-rc.d`` answering 101 is Debian's documented way to tell maintainer scripts not
+    to start daemons; an existing one is left alone.
+    """
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    created_policy = False
+    if not _POLICY_RC.exists():
+        _POLICY_RC.write_text("#!/bin/sh\n# written by hetslurm during apt-get\nexit 101\n")
+        _POLICY_RC.chmod(0o755)
+        created_policy = True
+    try:
+        run_command(["apt-get", "update", "-qq"], timeout=600, env=env)
+        run_command(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *pkgs],
+                    timeout=1800, env=env)
+    finally:
+        if created_policy:
+            _POLICY_RC.unlink(missing_ok=True)
 
 
 def check_binaries() -> None:

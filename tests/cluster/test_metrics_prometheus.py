@@ -9,7 +9,6 @@ The audit read from Prometheus must equal the audit read from the files. Needs n
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -31,10 +30,9 @@ from hetslurm.metrics.store import SegmentStore
 from hetslurm.site import Site
 from hetslurm.slurm.backend import JobInfo
 from hetslurm.slurm.fake import FakeSlurm
-from hetslurm.slurm.run import run_command
 from hetslurm.slurm.units import GresItem
+from hetslurm.testbed.packages import apt_install
 
-POLICY_RC = Path("/usr/sbin/policy-rc.d")
 TICKS = 8
 
 
@@ -42,20 +40,7 @@ def _ensure_prometheus() -> str:
     found = shutil.which("prometheus")
     if found:
         return found
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    created = False
-    if not POLICY_RC.exists():
-        # Debian's documented switch that keeps maintainer scripts from starting services.
-        POLICY_RC.write_text("#!/bin/sh\nexit 101\n")
-        POLICY_RC.chmod(0o755)
-        created = True
-    try:
-        run_command(["apt-get", "update", "-qq"], timeout=600, env=env)
-        run_command(["apt-get", "install", "-y", "-qq", "--no-install-recommends",
-                     "prometheus"], timeout=900, env=env)
-    finally:
-        if created:
-            POLICY_RC.unlink(missing_ok=True)
+    apt_install(["prometheus"])
     found = shutil.which("prometheus")
     assert found, "apt-get installed prometheus but there is no prometheus binary"
     return found
