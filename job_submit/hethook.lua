@@ -27,6 +27,7 @@ local math_floor = math.floor
 local tostring = tostring
 local tonumber = tonumber
 local pcall = pcall
+local select = select
 local type = type
 local pairs = pairs
 local ipairs = ipairs
@@ -49,8 +50,13 @@ M.COMMENT_PREFIX = "het:"
 -- Error codes. The 22.05 plugin exports only a few ESLURM_* names in the `slurm` table
 -- (ESLURM_ACCESS_DENIED, ESLURM_INVALID_NODE_COUNT, ...); the others are their values in
 -- 22.05's slurm/slurm_errno.h, which sbatch turns into the familiar message.
+-- Built once per `slurm` table (the plugin's constants; no job's data is kept between calls).
+local CODES, CODES_FOR = nil, nil
 local function codes(slurm)
-  return {
+  if CODES_FOR == slurm and CODES then
+    return CODES
+  end
+  CODES = {
     generic = slurm.ERROR or -1,
     gres = slurm.ESLURM_INVALID_GRES or 2072,
     feature = slurm.ESLURM_INVALID_FEATURE or 2029,
@@ -59,6 +65,8 @@ local function codes(slurm)
     config = slurm.ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE or 2014,
     qos = slurm.ESLURM_INVALID_QOS or 2066,
   }
+  CODES_FOR = slurm
+  return CODES
 end
 M.codes = codes
 
@@ -91,12 +99,9 @@ local function contains(list, value)
   return false
 end
 
+-- Every list joined here holds strings (model, class and field names).
 local function join(list, sep)
-  local parts = {}
-  for i, v in ipairs(list) do
-    parts[i] = tostring(v)
-  end
-  return table_concat(parts, sep)
+  return table_concat(list, sep)
 end
 
 local function is_set16(v)
@@ -239,6 +244,9 @@ local function request_text(job)
     local text = string_sub(comment, #M.COMMENT_PREFIX + 1)
     return "comment", text, { { n = 0, text = text } }
   end
+  if #lines == 1 then
+    return "script", lines[1].text, lines
+  end
   if #lines > 0 then
     local texts = {}
     for i, l in ipairs(lines) do
@@ -373,6 +381,8 @@ end
 
 -- Canonical request text for the record: only validated words, so it holds no quote, brace or
 -- byte a reader of the record could trip on.
+local LOCALITY_LEVELS = { "nvlink", "numa", "switch" }
+
 local function canonical(req, no_gpu_count)
   local w = {}
   if req.nodes ~= 1 then w[#w + 1] = "nodes=" .. req.nodes end
@@ -393,7 +403,7 @@ local function canonical(req, no_gpu_count)
   if req.cores_per_node ~= 1 then w[#w + 1] = "cores=" .. req.cores_per_node end
   if req.mem_per_node_mib then w[#w + 1] = "mem=" .. req.mem_per_node_mib .. "M" end
   local loc = {}
-  for _, level in ipairs({ "nvlink", "numa", "switch" }) do
+  for _, level in ipairs(LOCALITY_LEVELS) do
     if req.locality[level] then loc[#loc + 1] = level .. ":" .. req.locality[level] end
   end
   if #loc > 0 then w[#w + 1] = "locality=" .. table_concat(loc, ",") end
@@ -412,33 +422,39 @@ M.canonical = canonical
 local RECORD_ORDER = { "v", "rules", "mode", "src", "outcome", "class", "gpu", "fpga", "set",
                        "kept", "on_idle", "energy", "req" }
 
-local function record_segment(key, fields, max_bytes)
-  local present = {}
-  for _, name in ipairs(RECORD_ORDER) do
-    if fields[name] ~= nil and fields[name] ~= "" then
-      present[#present + 1] = name
-    end
-  end
-  while true do
-    local parts = {}
-    for i, name in ipairs(present) do
-      local v = fields[name]
+-- Values that may come from the job's own options (a GPU or FPGA type named in --gres) are
+-- cleaned; the others are built by the hook from the grammar's checked tokens and the site's
+-- checked names, so they hold only these characters already.
+local RECORD_UNSAFE = "[^%w _%-.|,:=@]"
+local RECORD_FOREIGN = { gpu = true, fpga = true }
+
+-- The values come as arguments in RECORD_ORDER (no table of them is built per call).
+local function record_segment(key, max_bytes, ...)
+  local parts, n = {}, 0
+  for i = 1, #RECORD_ORDER do
+    local name = RECORD_ORDER[i]
+    local v = (select(i, ...))
+    if v ~= nil and v ~= "" then
+      n = n + 1
       if type(v) == "number" then
-        parts[i] = '"' .. name .. '":' .. v
+        parts[n] = '"' .. name .. '":' .. v
       else
         local safe = tostring(v)
-        if string_find(safe, "[^%w _%-.|,:=@]") then
-          safe = string_gsub(safe, "[^%w _%-.|,:=@]", "?")
+        if RECORD_FOREIGN[name] and string_find(safe, RECORD_UNSAFE) then
+          safe = string_gsub(safe, RECORD_UNSAFE, "?")
         end
-        parts[i] = '"' .. name .. '":"' .. safe .. '"'
+        parts[n] = '"' .. name .. '":"' .. safe .. '"'
       end
     end
-    local seg = key .. ":{" .. table_concat(parts, ",") .. "}"
-    if #seg <= max_bytes or #present <= 3 then
-      return seg
-    end
-    present[#present] = nil
   end
+  -- Fields are dropped from the end until the segment fits (the first three always stay).
+  local seg = key .. ":{" .. table_concat(parts, ",") .. "}"
+  while #seg > max_bytes and n > 3 do
+    parts[n] = nil
+    n = n - 1
+    seg = key .. ":{" .. table_concat(parts, ",") .. "}"
+  end
+  return seg
 end
 
 -- Find our segment in a field's text: start and end positions, or nil.
@@ -914,12 +930,11 @@ function M.decide(job, rules, hetreq, slurm)
   end
   local rec = rules.record
   if rec.field ~= "none" then
-    local seg = record_segment(rec.key, {
-      v = M.VERSION, rules = rules.digest, mode = rules.mode, src = source, outcome = "rewrite",
-      class = req.workload_class, gpu = d.gpu, fpga = d.fpga, set = join(set, ","),
-      kept = join(d.kept, ","), on_idle = req.on_idle,
-      energy = req.energy ~= "normal" and req.energy or nil, req = d.request,
-    }, rec.max_bytes)
+    -- In RECORD_ORDER: v, rules, mode, src, outcome, class, gpu, fpga, set, kept, on_idle,
+    -- energy, req.
+    local seg = record_segment(rec.key, rec.max_bytes, M.VERSION, rules.digest, rules.mode,
+      source, "rewrite", req.workload_class, d.gpu, d.fpga, join(set, ","), join(d.kept, ","),
+      req.on_idle, req.energy ~= "normal" and req.energy or nil, d.request)
     local old = job[rec.field]
     local merged = merge_record(old, seg, rec.key)
     if #merged <= rec.max_field_bytes then
@@ -958,6 +973,20 @@ local NUMERIC = {
 }
 M.NUMERIC = NUMERIC
 
+-- Module-level functions, not closures, so a call allocates nothing for them.
+local function write_staged(job, d)
+  local writes = d.writes
+  for i = 1, #writes do
+    local w = writes[i]
+    job[w[1]] = w[2]
+    d.done = i
+  end
+end
+
+local function write_one(job, field, value)
+  job[field] = value
+end
+
 function M.apply(job, d)
   for _, w in ipairs(d.writes) do
     local want = NUMERIC[w[1]] and "number" or "string"
@@ -969,22 +998,17 @@ function M.apply(job, d)
   for i, w in ipairs(d.writes) do
     old[i] = job[w[1]]
   end
-  local done = 0
-  local ok, err = pcall(function()
-    for i, w in ipairs(d.writes) do
-      job[w[1]] = w[2]
-      done = i
-    end
-  end)
+  d.done = 0
+  local ok, err = pcall(write_staged, job, d)
   if ok then
     return true
   end
-  for i = done, 1, -1 do
+  for i = d.done, 1, -1 do
     local field, value = d.writes[i][1], old[i]
     if value == nil then
       value = "" -- the 22.05 setters turn "" into "unset" on submission
     end
-    pcall(function() job[field] = value end)
+    pcall(write_one, job, field, value)
   end
   return false, err
 end

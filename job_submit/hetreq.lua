@@ -154,6 +154,14 @@ local function whole(s, lo, hi)
   if not string_find(s, "^%d+$") then
     return nil
   end
+  if #s <= 15 then
+    -- Decimal digits only (checked above), so tonumber reads them exactly, leading zeros too.
+    local n = tonumber(s)
+    if n < lo or n > hi then
+      return nil
+    end
+    return n
+  end
   local digits = string_gsub(s, "^0+", "")
   if digits == "" then
     return (lo <= 0) and 0 or nil
@@ -177,20 +185,24 @@ local MEM_UNITS = { [""] = 1, m = 1, g = 1024, t = 1048576 }
 
 -- A size in MiB: digits with an optional K, M, G or T (either case; no unit = MiB, as
 -- sbatch --mem). K must come to whole MiB.
-local function mebibytes(token, s, what)
-  local hi = M.LIMITS.mem_mib
-  local expect = string_format(
+-- Error messages are built only when they are returned: the accepted path allocates little.
+local function size_expected(token, what)
+  return string_format(
     "%s: %s must be a whole size from 1M to 64T, e.g. 16G, 512M or 16384 (MiB)",
     show(token), what)
+end
+
+local function mebibytes(token, s, what)
+  local hi = M.LIMITS.mem_mib
   local num, unit = string_match(s, "^(%d+)([KkMmGgTt]?)$")
   if not num then
-    return nil, expect
+    return nil, size_expected(token, what)
   end
   unit = string_lower(unit)
   if unit == "k" then
     local kib = whole(num, 1, hi * 1024)
     if not kib then
-      return nil, expect
+      return nil, size_expected(token, what)
     end
     if kib % 1024 ~= 0 then
       return nil, string_format("%s: %s must be a whole number of MiB (a multiple of 1024K)",
@@ -201,7 +213,7 @@ local function mebibytes(token, s, what)
   local factor = MEM_UNITS[unit]
   local n = whole(num, 1, math_floor(hi / factor))
   if not n then
-    return nil, expect
+    return nil, size_expected(token, what)
   end
   return n * factor
 end
@@ -210,11 +222,14 @@ end
 -- number is seconds here, because "switch-wait" is a wait, not a time limit.
 local WAIT_UNITS = { s = 1, m = 60, h = 3600, d = 86400 }
 
-local function seconds(token, s)
-  local hi = M.LIMITS.switch_wait_s
-  local expect = string_format(
+local function wait_expected(token)
+  return string_format(
     "%s: switch-wait must be a wait of at most one day: 600 (seconds), 30s, 10m, 1h, "
     .. "10:00 or 00:10:00", show(token))
+end
+
+local function seconds(token, s)
+  local hi = M.LIMITS.switch_wait_s
   local n = whole(s, 0, hi)
   if n then
     return n
@@ -223,7 +238,7 @@ local function seconds(token, s)
   if num then
     local v = whole(num, 0, math_floor(hi / WAIT_UNITS[unit]))
     if not v then
-      return nil, expect
+      return nil, wait_expected(token)
     end
     return v * WAIT_UNITS[unit]
   end
@@ -235,15 +250,15 @@ local function seconds(token, s)
     m, sec = string_match(s, "^(%d%d?%d?%d?):(%d%d)$")
   end
   if not m then
-    return nil, expect
+    return nil, wait_expected(token)
   end
   local hv, mv, sv = tonumber(h), tonumber(m), tonumber(sec)
   if sv > 59 or mv > minutes_cap then
-    return nil, expect
+    return nil, wait_expected(token)
   end
   local total = hv * 3600 + mv * 60 + sv
   if total > hi then
-    return nil, expect
+    return nil, wait_expected(token)
   end
   return total
 end
@@ -340,17 +355,20 @@ H["min-gpu-mem"] = function(v, token, acc)
   return true
 end
 
+local function fpga_expected(token)
+  return string_format(
+    "%s: write fpga=N (0 to %d per node), fpga=model, fpga=model:N or fpga=m1|m2:N",
+    show(token), M.LIMITS.fpgas_per_node)
+end
+
 -- fpga=N, fpga=model, fpga=model:N or fpga=m1|m2:N (per node).
 H["fpga"] = function(v, token, acc)
   local hi = M.LIMITS.fpgas_per_node
-  local expect = string_format(
-    "%s: write fpga=N (0 to %d per node), fpga=model, fpga=model:N or fpga=m1|m2:N",
-    show(token), hi)
   -- A count unless it starts like a model list (a letter, or a stray ':' or '|').
   if not string_find(v, "^[%a:|]") then
     local n = whole(v, 0, hi)
     if not n then
-      return nil, expect
+      return nil, fpga_expected(token)
     end
     acc.fpgas_per_node = n
     acc.fpga_models = {}
@@ -362,7 +380,7 @@ H["fpga"] = function(v, token, acc)
   end
   local n = whole(count, 1, hi)
   if not n then
-    return nil, expect
+    return nil, fpga_expected(token)
   end
   local models, msg = model_list(token, list)
   if not models then

@@ -193,7 +193,9 @@ local function make_slurm()
   local function logger(level)
     return function(...)
       local msg = fmt(...)
-      current.log[#current.log + 1] = { level, msg }
+      local log = current.log or {}
+      current.log = log
+      log[#log + 1] = { level, msg }
     end
   end
   s.log_info = logger("info")
@@ -204,9 +206,15 @@ local function make_slurm()
   s.log_debug4 = logger("debug4")
   s.log_error = logger("error")
   s.error = logger("error")
-  s.log = function(level, msg) current.log[#current.log + 1] = { "log" .. tostring(level), msg } end
-  s.log_user = function(...) current.user[#current.user + 1] = fmt(...) end
-  s.user_msg = function(msg) current.user[#current.user + 1] = msg end
+  -- The log and user-message lists are made when first written (most calls write neither).
+  local function add(list_name, item)
+    local list = current[list_name] or {}
+    current[list_name] = list
+    list[#list + 1] = item
+  end
+  s.log = function(level, msg) add("log", { "log" .. tostring(level), msg }) end
+  s.log_user = function(...) add("user", fmt(...)) end
+  s.user_msg = function(msg) add("user", msg) end
   s.time_str2mins = function() return -1 end
   s.jobs = {}
   s.reservations = {}
@@ -240,7 +248,9 @@ function H.make_job(values, submit)
         error("job_desc." .. k .. " must be set to a string, not a " .. type(v), 2)
       end
       if k == "gres" and string.sub(v, 1, 5) ~= "gres:" then v = "gres:" .. v end
-      current.writes[#current.writes + 1] = { k, v }
+      local w = current.writes
+      w[#w + 1] = k
+      w[#w + 1] = v
       if v == "" and submit then v = nil end
       vals[spec.alias or k] = v
       return
@@ -254,7 +264,9 @@ function H.make_job(values, submit)
       end
     end
     vals[spec.alias or k] = v
-    current.writes[#current.writes + 1] = { k, v }
+    local w = current.writes
+    w[#w + 1] = k
+    w[#w + 1] = v
   end
   return setmetatable({}, mt)
 end
@@ -288,7 +300,7 @@ function H.load(text, chunkname)
     end,
   })
   setfenv(chunk, G)
-  current = { log = {}, user = {}, writes = {} }
+  current = { writes = {} }
   local ok, rc = pcall(chunk)
   loading = false
   local out = current
@@ -304,7 +316,7 @@ function H.load(text, chunkname)
 end
 
 function H.submit(G, job, uid)
-  current = { log = {}, user = {}, writes = {} }
+  current = { writes = {} }
   local ok, rc = pcall(rawget(G, "slurm_job_submit"), job, {}, uid or 0)
   local out = current
   out.ok = ok
@@ -313,7 +325,7 @@ function H.submit(G, job, uid)
 end
 
 function H.modify(G, job, rec, uid)
-  current = { log = {}, user = {}, writes = {} }
+  current = { writes = {} }
   local ok, rc = pcall(rawget(G, "slurm_job_modify"), job, rec, {}, uid or 0)
   local out = current
   out.ok = ok
@@ -415,10 +427,18 @@ def _result(out: Any) -> CallResult:
         ok=bool(data.get("ok")),
         rc=int(rc) if isinstance(rc, int | float) else None,
         error=data.get("err"),
-        writes=tuple((w[0], _num(w[1])) for w in (writes if isinstance(writes, list) else [])),
+        writes=_pairs(writes),
         user_messages=tuple(user if isinstance(user, list) else []),
         log=tuple((e[0], e[1]) for e in (log if isinstance(log, list) else [])),
     )
+
+
+def _pairs(flat: Any) -> tuple[tuple[str, Any], ...]:
+    """The stand-in records writes as a flat list ``field, value, field, value, ...``
+    (no table per write, so the recording costs the timed call little)."""
+    if not isinstance(flat, list):
+        return ()
+    return tuple((flat[i], _num(flat[i + 1])) for i in range(0, len(flat) - 1, 2))
 
 
 def _num(v: Any) -> Any:

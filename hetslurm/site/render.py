@@ -387,7 +387,8 @@ def _whole_slurm_conf(site: Site, rt: Runtime) -> str:
         lines += ["ProctrackType=proctrack/cgroup", "TaskPlugin=task/affinity,task/cgroup"]
     lines += [
         "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core_Memory",
+        "SelectTypeParameters=CR_Core_Memory"
+        + (",CR_CORE_DEFAULT_DIST_BLOCK" if site.scheduling.core_distribution == "block" else ""),
         "SchedulerType=sched/backfill",
         "ReturnToService=2",
         "MpiDefault=none",

@@ -126,6 +126,10 @@ class Scheduling(_Strict):
     fpga_model_order: tuple[str, ...] = ()
     #: Default memory per CPU in MiB (``DefMemPerCPU``) so jobs without ``--mem`` share nodes.
     def_mem_per_cpu: MemoryMiB | None = None
+    #: How cores inside a node are picked for a job: ``block`` fills one socket before the
+    #: next (``CR_CORE_DEFAULT_DIST_BLOCK``: fewest sockets, what ``locality=numa`` needs),
+    #: ``cyclic`` spreads them over sockets (Slurm's default).
+    core_distribution: Annotated[str, Field(pattern=r"^(block|cyclic)$")] = "block"
 
 
 class WorkloadClass(_Strict):

@@ -7,7 +7,10 @@ where the job ran.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +24,7 @@ from hetslurm.site import Site
 from hetslurm.slurm.run import run_command
 from hetslurm.testbed import Testbed
 
+DEMO_FILE = Path(__file__).resolve().parents[2] / "site-configs" / "demo.toml"
 H100 = {"gpu1", "gpu2"}
 A100 = {"gpu3", "gpu4"}
 CPU = {"cpu1", "cpu2", "cpu3", "cpu4"}
@@ -115,6 +119,60 @@ def test_sbatch_switch_and_binding(jobs: Jobs, tmp_path: Path) -> None:
     assert f["NumNodes"].startswith("2")
     assert f["TresPerNode"] == "gres:gpu:h100:1"
     assert running_on(jobs, job_id) == H100
+
+
+def cpu_ids(jobs: Jobs, job_id: str) -> tuple[str, set[int]]:
+    """The node and Slurm's abstract CPU ids of a running one-node job (scontrol -d)."""
+    jobs.wait_state(job_id, {"RUNNING"}, timeout=60)
+    out = run_command(["scontrol", "show", "job", "-d", job_id], timeout=30, env=jobs.env).stdout
+    m = re.search(r"Nodes=(\S+) CPU_IDs=(\S+)", out)
+    assert m, out
+    ids: set[int] = set()
+    for part in m.group(2).split(","):
+        lo, _, hi = part.partition("-")
+        ids.update(range(int(lo), int(hi or lo) + 1))
+    return m.group(1), ids
+
+
+def test_numa_required_cpu_job_gets_one_socket(jobs: Jobs, tmp_path: Path) -> None:
+    # The demo's CPU nodes have 2 sockets x 4 cores; Slurm numbers abstract CPUs socket by
+    # socket (0-3 socket 0, 4-7 socket 1). Two cores of socket 0 are taken first, so a
+    # 4-core job can only stay on one socket by taking socket 1 whole.
+    node = "cpu2"
+    busy = jobs.sbatch("-w", node, "-p", "cpu", "-c", "2", script="sleep 60")
+    busy_node, busy_ids = cpu_ids(jobs, busy)
+    assert busy_node == node and busy_ids <= {0, 1, 2, 3}
+    job_id, _ = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET class=io cores=4 "
+                       "locality=numa:required\nsleep 60\n", "-w", node)
+    assert job_id
+    f = show(jobs, job_id)
+    assert f["Socks/Node"] == "1" and f["ReqB:S:C:T"] == "0:0:4:*"
+    assert "sockets_per_node,cores_per_socket" in f["AdminComment"]
+    got_node, ids = cpu_ids(jobs, job_id)
+    assert got_node == node
+    assert ids == {4, 5, 6, 7}, f"the numa job spans sockets: CPU_IDs {sorted(ids)}"
+
+
+def test_explain_live_state_matches_where_the_job_runs(jobs: Jobs, tmp_path: Path,
+                                                       slurm_env: dict[str, str]) -> None:
+    # Fill every H100 GPU, so the class's first model is busy and only A100 nodes can take
+    # the job now; explain with live state must say so before the job is submitted.
+    for node in sorted(H100):
+        jobs.wait_state(jobs.sbatch("-w", node, "-p", "gpu", "--gres=gpu:h100:8",
+                                    script="sleep 120"), {"RUNNING"}, timeout=60)
+    script = tmp_path / "train.sh"
+    script.write_text("#!/bin/sh\n#HET gpus=2 class=train\nsleep 60\n")
+    env = {**os.environ, **slurm_env}
+    out = run_command([sys.executable, "-m", "hetslurm", "explain", str(script), "--site",
+                       str(DEMO_FILE), "--state", "live", "--format", "json"], timeout=120,
+                      env=env).stdout
+    doc = json.loads(out)
+    assert doc["outcome"] == "rewritten"
+    predicted = set(doc["placement"]["nodes"])
+    assert doc["placement"]["placeable"] and predicted and predicted <= A100, doc["placement"]
+    job_id, _ = sbatch(jobs, tmp_path, script.read_text())
+    assert job_id
+    assert running_on(jobs, job_id) <= A100
 
 
 def test_explicit_option_wins_and_user_is_told(jobs: Jobs, tmp_path: Path) -> None:
