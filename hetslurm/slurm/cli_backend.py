@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from hetslurm.errors import CommandError, CommandFailure
+from hetslurm.errors import BackendError, CommandError, CommandFailure
 from hetslurm.slurm import parse, units
 from hetslurm.slurm.backend import (
     JobInfo,
@@ -90,16 +90,15 @@ class CliBackend(SlurmBackend):
         return found[0]
 
     def jobs(self) -> list[JobInfo]:
-        jobs = parse.parse_squeue_json(self._run("squeue", "--json").stdout)
+        jobs, risky = parse.parse_squeue_json_checked(self._run("squeue", "--json").stdout)
         # squeue's gres_detail pairs devices with nodes only by position; scontrol -d names
         # the node of every GRES group, so its allocation wins where both have one. Only
-        # scontrol -d prints the CPU ids per node.
-        detail = {
-            j.job_id: j
-            for j in parse.parse_scontrol_jobs(
-                self._run("scontrol", "show", "job", "-d", "-o").stdout
-            )
-        }
+        # scontrol -d prints the CPU ids per node. Every other field comes from the JSON:
+        # scontrol -o prints names and comments unescaped, so a job named "x Restarts=0"
+        # could forge fields there; such jobs keep the JSON's allocation only.
+        detail = parse.trusted_details(
+            parse.parse_scontrol_jobs(self._run("scontrol", "show", "job", "-d", "-o").stdout),
+            risky)
         return [_with_allocation(j, detail[j.job_id]) if j.job_id in detail else j for j in jobs]
 
     def job(self, job_id: JobRef) -> JobInfo:
@@ -109,10 +108,18 @@ class CliBackend(SlurmBackend):
         if not found:
             raise NotFoundError(f"job {ref} not found")
         # An array's parent id prints every task; the caller asked for this id.
-        for j in found:
-            if j.display_id == ref or str(j.job_id) == ref:
-                return j
-        return found[0]
+        pick = next((j for j in found if j.display_id == ref or str(j.job_id) == ref), found[0])
+        # The job's fields from squeue --json (22.05 lists every job the controller holds; it
+        # ignores -j), the allocation detail from scontrol only when it can be trusted.
+        listed, risky = parse.parse_squeue_json_checked(self._run("squeue", "--json").stdout)
+        base = next((j for j in listed if j.job_id == pick.job_id), None)
+        if base is not None:
+            detail = parse.trusted_details(found, risky)
+            return _with_allocation(base, detail[base.job_id]) if base.job_id in detail else base
+        why = parse.ambiguous_scontrol_job(out.stdout)
+        if why:
+            raise BackendError(f"job {ref}: scontrol's output cannot be trusted: {why}")
+        return pick
 
     def partitions(self) -> list[PartitionInfo]:
         return parse.parse_scontrol_partitions(

@@ -202,8 +202,62 @@ def _json_job(j: Mapping[str, Any]) -> JobInfo:
 
 def parse_squeue_json(text: str) -> list[JobInfo]:
     """Jobs from ``squeue --json`` (22.05: every job the controller holds, any state)."""
+    return parse_squeue_json_checked(text)[0]
+
+
+#: squeue --json fields a user writes freely; ``scontrol show job -o`` prints them unescaped.
+_FREE_TEXT = ("name", "comment", "admin_comment", "command", "current_working_directory",
+              "standard_output", "standard_error", "standard_input")
+
+
+def parse_squeue_json_checked(text: str) -> tuple[list[JobInfo], set[int]]:
+    """Jobs from ``squeue --json``, and the ids of jobs whose free text (name, comments,
+    command, paths) holds ``=`` or a line break.
+
+    ``scontrol show job -o`` prints those fields unescaped, so such a job's scontrol line can
+    carry forged ``Key=value`` pairs (or a forged line for another job): its scontrol detail
+    must not be trusted (see :func:`trusted_details`).
+    """
     doc = load_json_document(text, what="squeue --json")
-    return [_json_job(j) for j in doc.get("jobs") or []]
+    raw = doc.get("jobs") or []
+    risky = {
+        int(j["job_id"]) for j in raw
+        if isinstance(j, Mapping) and "job_id" in j and any(
+            isinstance(j.get(k), str) and ("=" in j[k] or "\n" in j[k] or "\r" in j[k])
+            for k in _FREE_TEXT)
+    }
+    return [_json_job(j) for j in raw], risky
+
+
+def trusted_details(details: list[JobInfo], risky: set[int]) -> dict[int, JobInfo]:
+    """scontrol detail records by job id, without the untrusted ones: jobs whose free text
+    could forge fields (``risky``) and ids that appear on more than one line (a line break
+    in some job's free text can start a forged line for any id)."""
+    seen: dict[int, int] = {}
+    for d in details:
+        seen[d.job_id] = seen.get(d.job_id, 0) + 1
+    return {d.job_id: d for d in details if seen[d.job_id] == 1 and d.job_id not in risky}
+
+
+#: Keys ``scontrol show job -o`` prints exactly once per job; seeing one twice means some
+#: free text on the line holds ``Key=value`` (``-d`` groups Nodes/CPU_IDs/Mem/GRES repeat).
+_UNIQUE_JOB_KEYS = ("JobId", "JobName", "UserId", "JobState", "Restarts", "BatchFlag",
+                    "Requeue", "NodeList", "SubmitTime", "StartTime", "EndTime", "Partition",
+                    "TimeLimit", "Comment", "AdminComment", "TresPerNode")
+
+
+def ambiguous_scontrol_job(text: str) -> str | None:
+    """Why a ``scontrol show job -o`` output cannot be trusted field by field, or None."""
+    for rec in scontrol_records(text):
+        counts: dict[str, int] = {}
+        for k, _v in rec:
+            counts[k] = counts.get(k, 0) + 1
+        twice = [k for k in _UNIQUE_JOB_KEYS if counts.get(k, 0) > 1]
+        if twice:
+            return f"a line prints {', '.join(twice)} more than once (free text holds Key=value)"
+        if "JobId" not in counts:
+            return "a line without JobId (free text holds a line break)"
+    return None
 
 
 # ------------------------------------------------------------------- scontrol -o records
