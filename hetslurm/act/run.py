@@ -12,7 +12,7 @@ from typing import Any
 from hetslurm.act.lock import RunLock
 from hetslurm.act.log import ActionLog
 from hetslurm.act.output_mode import OutputProbe
-from hetslurm.act.stall import Context, RunResult, execute, plan
+from hetslurm.act.stall import Context, RunResult, SiteModels, execute, plan
 from hetslurm.site.model import Site
 from hetslurm.site.schema import Stall, Usage
 from hetslurm.slurm.backend import SlurmBackend
@@ -33,14 +33,17 @@ class StallRequest:
 
 
 def context_for(site: Site | None) -> Context:
-    """The policy, thresholds and decision-record field of ``site`` (defaults without one)."""
+    """The policy, thresholds, decision-record field, GPU models (for downgrades) and the
+    hook's ``scontrol update`` rule of ``site`` (defaults, and no downgrades, without one)."""
     if site is None:
         return Context(stall=Stall(), usage=Usage())
     hook = site.sections.get("hook")
     return Context(stall=site.sections.get("stall") or Stall(),
                    usage=site.sections.get("usage") or Usage(),
                    record_field=getattr(hook, "record_field", "admin_comment"),
-                   record_key=getattr(hook, "record_key", "hetslurm"))
+                   record_key=getattr(hook, "record_key", "hetslurm"),
+                   models=SiteModels.from_site(site),
+                   modify_exempt_uids=tuple(getattr(hook, "modify_exempt_uids", (0,))))
 
 
 def read_samples(store: str | None, site: Site | None, since: float, until: float

@@ -25,7 +25,8 @@ def act() -> None:
 @click.option("--store", type=click.Path(file_okay=False), default=None,
               help="Metrics store folder [default: [collector] store of the site].")
 @click.option("--apply", "apply_", is_flag=True,
-              help="Act (warn, requeue, hold, cancel, notify); without it nothing changes.")
+              help="Act (warn, requeue, hold, cancel, downgrade, notify); without it nothing "
+              "changes.")
 @click.option("--log", "action_log", type=click.Path(dir_okay=False), default=None,
               help="Action log (JSON lines) [default: [stall] action_log].")
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False), default=None,
@@ -41,8 +42,11 @@ def requeue_stalled(site_file: str | None, store: str | None, apply_: bool,
     Prints the decision table: job, user, GPUs, utilization over the window, the rule that
     fired and the action. A requeue, hold or cancel happens only with --apply, only after a
     logged warning at least [stall] warning_grace_s old, and is checked in Slurm (pending or
-    held, restarts raised) before the user is notified. A second --apply run while one holds
-    the lock exits 0 at once without acting.
+    held, restarts raised) before the user is notified. A job whose #HET line says
+    on-idle=downgrade is requeued held, its request moved to the next cheaper GPU model the
+    site allows, and released; a heterogeneous job is requeued through its leader only when
+    every component is idle. A second --apply run while one holds the lock exits 0 at once
+    without acting.
     """
     from hetslurm.act import LockBusy
     from hetslurm.act.output_mode import SlurmOutputProbe

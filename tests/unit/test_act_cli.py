@@ -71,3 +71,41 @@ verify_timeout_s = 1
     table = CliRunner().invoke(cli, ["act", "requeue-stalled", "--site", str(site),
                                      "--store", str(tmp_path / "store")])
     assert table.exit_code == 0 and "rule" in table.stdout
+
+
+def test_dry_run_shows_the_downgrade(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hetslurm.slurm.units import GresItem
+
+    now = time.time()
+    fake = cluster(job(1, now=now, nodes=("n1",), tres_per_node=(GresItem("gpu", "h100", 2),),
+                       allocated_gres={"n1": (GresItem("gpu", "h100", 2, (0, 1)),)},
+                       admin_comment='hetslurm:{"v":1,"on_idle":"downgrade"}'))
+    store = SegmentStore(tmp_path / "store")
+    rows = []
+    t = now - 2 * 3600
+    while t < now:
+        for g in range(2):
+            rows.append({"time": round(t, 3), "node": "n1", "minor": g, "job_id": 1,
+                         "utilization_pct": 0.0, "memory_used_mib": 10.0, "status": "ok",
+                         "interval_s": INTERVAL})
+        t += INTERVAL
+    store.write("n1", rows)
+    site = tmp_path / "site.toml"
+    site.write_text(DEMO.read_text() + f"""
+[stall]
+window_s = 3600
+action_log = "{tmp_path / 'actions.jsonl'}"
+lock_file = "{tmp_path / 'lock'}"
+""")
+    monkeypatch.setattr("hetslurm.slurm.get_backend", lambda *a, **k: fake)
+    monkeypatch.setattr("hetslurm.act.output_mode.SlurmOutputProbe",
+                        lambda *a, **k: append_probe)
+    args = ["act", "requeue-stalled", "--site", str(site), "--store", str(tmp_path / "store")]
+    res = CliRunner().invoke(cli, [*args, "--format", "json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)["decisions"][0]
+    assert (d["rule"], d["planned"], d["action"]) == ("on-idle-downgrade", "downgrade", "warn")
+    assert d["downgrade"]["to_model"] == "a100" and d["downgrade"]["gres"] == "gpu:a100:2"
+    table = CliRunner().invoke(cli, [*args, "--format", "csv"])
+    assert table.exit_code == 0 and "downgrade h100 -> a100 (Gres=gpu:a100:2)" in table.stdout
+    assert fake.job(1).state == "RUNNING" and not (tmp_path / "actions.jsonl").exists()
