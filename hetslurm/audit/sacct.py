@@ -5,19 +5,24 @@ asked for a model by name) but never which GPU indices it had: those come from t
 collector's samples. A job that asked for "any of" several models is recorded untyped, so
 its model is taken from its node list and the site.
 
-The parser streams the ``jobs`` array one record at a time, so a million-job document does
-not become a million nested dicts at once; a record that is not a usable job is skipped and
-counted, never fatal.
+Decoding is msgspec's: the document is first split into the raw bytes of each element of
+its ``jobs`` array (one pass in C, which also proves the whole document is JSON), then each
+record is decoded on its own into small typed structs that declare only the fields the
+audit reads (the rest of sacct's large records, steps included, is skipped in C). So a
+record of the wrong shape is skipped and counted, never fatal, and a million-job document
+never becomes a million nested dicts.
 """
 
 from __future__ import annotations
 
-import json
+import gc
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
+
+import msgspec
 
 from hetslurm.errors import HetslurmError, MetricsError
 from hetslurm.site.model import Site
@@ -25,10 +30,11 @@ from hetslurm.slurm.run import run_command
 from hetslurm.slurm.units import expand_hostlist
 
 SACCT_TIMEOUT_S = 600.0
-_WS = re.compile(r"[ \t\n\r]*")
 JOB_COLUMNS = ("job_id", "run", "name", "user", "account", "partition", "state", "submit",
                "eligible", "start", "end", "elapsed", "nodes", "gpus", "gpu_model",
                "typed", "constraints", "comment", "admin_comment", "wclass")
+#: Problems listed one by one; past this many only the count grows.
+MAX_LISTED_PROBLEMS = 20
 
 
 @dataclass
@@ -58,59 +64,86 @@ def run_sacct(env: Mapping[str, str] | None, since: float, until: float) -> str:
         raise MetricsError(f"sacct failed: {exc}") from exc
 
 
-def _skip(text: str, i: int) -> int:
-    m = _WS.match(text, i)
-    return m.end() if m else i
+# The fields of a 22.05 job record the audit reads (openapi/dbv0.0.38 names); every other
+# field is skipped unread. gc=False: these hold only strings, numbers and each other, so
+# they can form no cycle and the collector need not track a million of them.
+# Integers that fit the frame's int64 columns: one out of range is a bad record, not a crash.
+_Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 
-def iter_sacct_jobs(text: str) -> Iterator[Any]:
-    """Yield each element of the top-level ``jobs`` array of a sacct JSON document."""
-    dec = json.JSONDecoder()
+class _Tres(msgspec.Struct, gc=False):
+    type: str | None = None
+    name: str | None = None
+    count: _Int64 | float | None = None
+
+
+class _TresGroup(msgspec.Struct, gc=False):
+    allocated: list[_Tres] | None = None
+
+
+class _Time(msgspec.Struct, gc=False):
+    submission: int | float | None = None
+    eligible: int | float | None = None
+    start: int | float | None = None
+    end: int | float | None = None
+    elapsed: int | float | None = None
+
+
+class _State(msgspec.Struct, gc=False):
+    current: str | None = None
+
+
+class _Comment(msgspec.Struct, gc=False):
+    administrator: str | None = None
+    job: str | None = None
+
+
+class _Job(msgspec.Struct, gc=False):
+    job_id: _Int64
+    time: _Time
+    name: str | None = None
+    user: str | None = None
+    account: str | None = None
+    partition: str | None = None
+    state: _State | None = None
+    nodes: str | None = None
+    constraints: str | None = None
+    comment: _Comment | None = None
+    tres: _TresGroup | None = None
+
+
+class _Document(msgspec.Struct):
+    jobs: list[msgspec.Raw] | None = None
+
+
+def split_sacct_jobs(text: str | bytes) -> list[msgspec.Raw]:
+    """The raw JSON of each element of the top-level ``jobs`` array of a sacct document.
+
+    Raises :class:`MetricsError` with one clear sentence when the document is not a JSON
+    object with a ``jobs`` array: empty, garbage, truncated, or not JSON at all.
+    """
+    head = text[:4096].lstrip()
+    if head[:1] not in ("{", b"{"):
+        raise MetricsError("sacct output is not a JSON object (does this sacct speak "
+                           "--json? it needs Slurm 21.08 or later)")
     try:
-        i = _skip(text, 0)
-        if text[i:i + 1] != "{":
-            raise MetricsError("sacct output is not a JSON object (does this sacct speak "
-                               "--json? it needs Slurm 21.08 or later)")
-        i = _skip(text, i + 1)
-        found = False
-        while text[i:i + 1] != "}":
-            key, i = dec.raw_decode(text, i)
-            i = _skip(text, i)
-            if text[i:i + 1] != ":":
-                raise MetricsError(f"sacct output is malformed near character {i}")
-            i = _skip(text, i + 1)
-            if key == "jobs" and text[i:i + 1] == "[":
-                found = True
-                i = _skip(text, i + 1)
-                while text[i:i + 1] != "]":
-                    obj, i = dec.raw_decode(text, i)
-                    yield obj
-                    i = _skip(text, i)
-                    if text[i:i + 1] == ",":
-                        i = _skip(text, i + 1)
-                i += 1
-            else:
-                _, i = dec.raw_decode(text, i)
-            i = _skip(text, i)
-            if text[i:i + 1] == ",":
-                i = _skip(text, i + 1)
-            if i >= len(text):
-                raise MetricsError("sacct output ends in the middle of the document")
-        if not found:
-            raise MetricsError("sacct output has no 'jobs' array")
-    except json.JSONDecodeError as exc:
-        raise MetricsError(f"sacct output is not valid JSON: {exc.msg} at character "
-                           f"{exc.pos}") from exc
-    except IndexError as exc:
-        raise MetricsError("sacct output ends in the middle of the document") from exc
+        doc = msgspec.json.decode(text, type=_Document)
+    except msgspec.ValidationError as exc:
+        raise MetricsError(f"sacct output has no 'jobs' array ({exc})") from exc
+    except msgspec.DecodeError as exc:
+        if "truncated" in str(exc):
+            raise MetricsError("sacct output ends in the middle of the document") from exc
+        raise MetricsError(f"sacct output is not valid JSON: {exc}") from exc
+    if doc.jobs is None:
+        raise MetricsError("sacct output has no 'jobs' array")
+    return doc.jobs
 
 
-def _num(value: Any) -> int | float:
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return value
-    if value is None:
-        return 0
-    raise ValueError(f"not a number: {value!r}")
+def iter_sacct_jobs(text: str | bytes) -> Iterator[Any]:
+    """Yield each element of the top-level ``jobs`` array of a sacct JSON document (as
+    plain Python objects); the whole document is checked before the first is yielded."""
+    for raw in split_sacct_jobs(text):
+        yield msgspec.json.decode(raw)
 
 
 _CLASS_RE = re.compile(r"(?:^|[\s;,])class=([A-Za-z0-9_-]+)")
@@ -153,75 +186,150 @@ def job_class(site: Site | None, partition: str | None, *texts: str | None) -> s
     return ""
 
 
-def parse_sacct_json(text: str, site: Site | None = None) -> SacctResult:
-    """Parse sacct's JSON into :class:`SacctResult` (streaming; bad records skipped)."""
-    import pandas as pd
+def parse_sacct_json(text: str | bytes, site: Site | None = None) -> SacctResult:
+    """Parse sacct's JSON into :class:`SacctResult` (bad records skipped and counted).
 
-    rows: list[tuple[Any, ...]] = []
-    add = rows.append
+    Raises :class:`MetricsError` when the document as a whole is unusable (see
+    :func:`split_sacct_jobs`).
+    """
+    raws = split_sacct_jobs(text)
+    # A million small objects would set off the cyclic collector every 700 allocations,
+    # each time scanning everything built so far; none of them can be part of a cycle.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        res = SacctResult(jobs=None)
+        res.jobs = _decode_jobs(raws, site, res)
+        return res
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+#: Columns of labels (few distinct values each): kept as codes into one table per column
+#: while decoding, then categoricals (``_CATEGORIES``) or strings.
+_CATEGORIES = ("user", "account", "partition", "state", "gpu_model", "wclass")
+_TEXTS = ("name", "nodes", "constraints", "comment", "admin_comment")
+_TIMES = ("submit", "eligible", "start", "end", "elapsed")
+_CHUNK = 65536
+
+
+class _Columns:
+    """Rows gathered a chunk at a time into numpy arrays and label codes (a Python tuple
+    and a str object per cell would cost several times the finished frame)."""
+
+    def __init__(self) -> None:
+        self.names = [c for c in JOB_COLUMNS if c != "run"]
+        self.chunks: dict[str, list[Any]] = {c: [] for c in self.names}
+        self.labels: dict[str, dict[str, int]] = {c: {} for c in (*_CATEGORIES, *_TEXTS)}
+
+    def add(self, rows: list[tuple[Any, ...]]) -> None:
+        import numpy as np
+        import pandas as pd
+
+        for c, values in zip(self.names, zip(*rows, strict=True), strict=True):
+            table = self.labels.get(c)
+            if table is None:
+                dtype = {"job_id": "int64", "gpus": "int64", "typed": "bool"}.get(c, "float64")
+                self.chunks[c].append(np.array(values, dtype=dtype))
+                continue
+            codes, uniques = pd.factorize(np.array(values, dtype=object))
+            remap = np.array([table.setdefault(u, len(table)) for u in uniques], dtype="int32")
+            self.chunks[c].append(remap[codes])
+
+    def frame(self) -> Any:
+        import numpy as np
+        import pandas as pd
+        import pyarrow as pa
+
+        data: dict[str, Any] = {}
+        for c in self.names:
+            parts = self.chunks.pop(c)
+            arr = (np.concatenate(parts) if parts else
+                   np.array([], dtype="int32" if c in self.labels else
+                            {"job_id": "int64", "gpus": "int64", "typed": "bool"}
+                            .get(c, "float64")))
+            del parts
+            if c in _TIMES and c != "elapsed":
+                arr = np.where(arr > 0, arr, np.nan)  # sacct --json: 0 is "not yet"
+            if c in _CATEGORIES:
+                cats = list(self.labels[c])
+                # Sorted categories, as astype("category") makes them.
+                data[c] = pd.Categorical.from_codes(arr, cats).reorder_categories(sorted(cats))
+            elif c in _TEXTS:
+                dictionary = pa.array(list(self.labels[c]), type=pa.string())
+                data[c] = pd.array(pa.DictionaryArray.from_arrays(
+                    pa.array(arr, type=pa.int32()), dictionary).dictionary_decode(),
+                    dtype="str")
+            else:
+                data[c] = arr
+        frame = pd.DataFrame(data)
+        # --duplicates: a requeued job has a record per start; number them in order.
+        frame.insert(1, "run", frame.groupby("job_id", sort=False).cumcount().astype("int64"))
+        return frame
+
+
+def _decode_jobs(raws: list[msgspec.Raw], site: Site | None, res: SacctResult) -> Any:
+    """Each record decoded and cut into the jobs DataFrame."""
+    decode = msgspec.json.Decoder(_Job).decode
     resolver = ModelResolver(site)
     class_of: dict[tuple[str, str, str], str] = {}
-    runs: dict[int, int] = {}
-    res = SacctResult(jobs=None)
-    for rec in iter_sacct_jobs(text):
-        res.records += 1
+    cols = _Columns()
+    rows: list[tuple[Any, ...]] = []
+    n = 0
+    for raw in raws:
+        n += 1
         try:
-            row = _job_row(rec, resolver, site, class_of)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            rec = decode(raw)
+            t = rec.time
+            gpus = 0
+            typed: str | None = None
+            if rec.tres is not None and rec.tres.allocated:
+                for tres in rec.tres.allocated:
+                    if tres.type != "gres":
+                        continue
+                    tname = tres.name or ""
+                    if tname == "gpu":
+                        gpus = int(tres.count or 0)
+                        if abs(gpus) >= 2**31:
+                            raise ValueError(f"GPU count out of range: {tres.count}")
+                    elif tname.startswith("gpu:"):
+                        typed = tname.split(":", 1)[1]
+            nodes = rec.nodes or ""
+            if nodes in ("None assigned", "(null)"):
+                nodes = ""
+            model = (typed or resolver.from_nodes(nodes)) if gpus else None
+            partition = rec.partition or ""
+            comment = rec.comment
+            admin = (comment.administrator or "") if comment is not None else ""
+            jcomment = (comment.job or "") if comment is not None else ""
+            ckey = (partition, admin, jcomment)
+            wc = class_of.get(ckey)
+            if wc is None:
+                wc = class_of[ckey] = job_class(site, partition, admin, jcomment)
+        except (msgspec.MsgspecError, ArithmeticError, AttributeError, KeyError, TypeError,
+                ValueError) as exc:
             res.skipped += 1
-            if len(res.problems) < 20:
-                res.problems.append(f"sacct record {res.records} skipped: {exc!r}")
+            if len(res.problems) < MAX_LISTED_PROBLEMS:
+                res.problems.append(f"sacct record {n} skipped: {exc}")
             continue
-        jid = row[0]
-        run = runs.get(jid, 0)
-        runs[jid] = run + 1
-        add(row if run == 0 else (jid, run, *row[2:]))
-    frame = pd.DataFrame.from_records(rows, columns=list(JOB_COLUMNS), nrows=len(rows))
+        # In JOB_COLUMNS order (less run); times stay raw (0 = "not yet", NaN in bulk).
+        rows.append((rec.job_id, rec.name or "", rec.user or "", rec.account or "",
+                     partition, (rec.state.current or "") if rec.state is not None else "",
+                     t.submission or 0, t.eligible or 0, t.start or 0, t.end or 0,
+                     t.elapsed or 0, nodes, gpus, model or "", typed is not None,
+                     rec.constraints or "", jcomment, admin, wc))
+        if len(rows) >= _CHUNK:
+            cols.add(rows)
+            rows.clear()
+    if rows:
+        cols.add(rows)
     del rows
-    for c in ("submit", "eligible", "start", "end", "elapsed"):
-        col = pd.to_numeric(frame[c], errors="coerce").astype("float64")
-        # sacct --json writes 0 for "not yet" (no start, no end).
-        frame[c] = col.where(col > 0) if c != "elapsed" else col
-    frame["job_id"] = frame["job_id"].astype("int64")
-    frame["gpus"] = frame["gpus"].astype("int64")
-    for c in ("user", "account", "partition", "state", "gpu_model", "wclass"):
-        frame[c] = frame[c].astype("category")
-    res.jobs = frame
-    return res
-
-
-def _job_row(rec: Mapping[str, Any], resolver: ModelResolver, site: Site | None,
-             class_of: dict[tuple[str, str, str], str]) -> tuple[Any, ...]:
-    t = rec["time"]
-    gpus = 0
-    typed: str | None = None
-    for tres in (rec.get("tres") or {}).get("allocated") or []:
-        if tres.get("type") != "gres":
-            continue
-        name = tres.get("name") or ""
-        count = int(tres.get("count") or 0)
-        if name == "gpu":
-            gpus = count
-        elif name.startswith("gpu:"):
-            typed = name.split(":", 1)[1]
-    nodes = rec.get("nodes") or ""
-    if nodes in ("None assigned", "(null)"):
-        nodes = ""
-    model = typed or resolver.from_nodes(nodes) if gpus else None
-    comment = rec.get("comment") or {}
-    partition = rec.get("partition") or ""
-    admin, jcomment = comment.get("administrator") or "", comment.get("job") or ""
-    ckey = (partition, admin, jcomment)
-    if ckey not in class_of:
-        class_of[ckey] = job_class(site, partition, admin, jcomment)
-    # In JOB_COLUMNS order; times stay raw here (0 = "not yet") and become NaN in bulk.
-    return (int(rec["job_id"]), 0, str(rec.get("name") or ""), str(rec.get("user") or ""),
-            str(rec.get("account") or ""), partition,
-            str((rec.get("state") or {}).get("current") or ""),
-            _num(t.get("submission")), _num(t.get("eligible")), _num(t.get("start")),
-            _num(t.get("end")), _num(t.get("elapsed")), nodes, gpus, model or "",
-            typed is not None, str(rec.get("constraints") or ""), str(jcomment), str(admin),
-            class_of[ckey])
+    res.records = n
+    if res.skipped > MAX_LISTED_PROBLEMS:
+        res.problems.append(f"... and {res.skipped - MAX_LISTED_PROBLEMS} more sacct "
+                            "records skipped")
+    return cols.frame()
 
 
 def now_epoch() -> float:

@@ -82,7 +82,8 @@ def prepare_samples(samples: Any, usage: Usage, since: float, until: float) -> A
     # float64 arithmetic whatever the source stored (the store keeps float32), so files
     # and Prometheus give identical sums.
     util = s["utilization_pct"].astype("float64")
-    known = (s["status"].astype(str) == "ok") & util.notna()
+    # Compared as it is stored (categorical): no string made per sample; missing is not ok.
+    known = (s["status"] == "ok").fillna(False).astype(bool) & util.notna()
     w = s["interval_s"].astype("float64").fillna(0.0) / 3600.0
     s["known"] = known
     s["w_h"] = w
@@ -116,20 +117,23 @@ def per_job(s: Any) -> Any:
     """Used/busy/idle/unknown GPU-hours and utilization per job id from samples."""
     import pandas as pd
 
-    held = s[s["held"]]
-    if held.empty:
+    if not s["held"].any():
         return pd.DataFrame(columns=["used_gpu_hours", "busy_gpu_hours", "idle_gpu_hours",
                                      "unknown_gpu_hours", "sampled_gpu_hours",
                                      "mean_util_pct", "max_util_pct", "max_memory_mib"])
-    g = held.groupby("job_id", observed=True)
+    # Held samples are those with a job id, and grouping by job id leaves out the others:
+    # no copy of the held rows is needed. One grouping serves every column.
+    cols = s[["job_id", "used_h", "busy_h", "idle_h", "unknown_h", "w_h",
+              "memory_used_mib"]].assign(util_known=s["utilization_pct"].where(s["known"]))
+    g = cols.groupby("job_id", observed=True)
+    sums = g[["used_h", "busy_h", "idle_h", "unknown_h", "w_h"]].sum()
     out = pd.DataFrame({
-        "used_gpu_hours": g["used_h"].sum(), "busy_gpu_hours": g["busy_h"].sum(),
-        "idle_gpu_hours": g["idle_h"].sum(), "unknown_gpu_hours": g["unknown_h"].sum(),
-        "sampled_gpu_hours": g["w_h"].sum(),
-        "max_util_pct": held["utilization_pct"].where(held["known"]).groupby(
-            held["job_id"], observed=True).max(),
+        "used_gpu_hours": sums["used_h"], "busy_gpu_hours": sums["busy_h"],
+        "idle_gpu_hours": sums["idle_h"], "unknown_gpu_hours": sums["unknown_h"],
+        "sampled_gpu_hours": sums["w_h"], "max_util_pct": g["util_known"].max(),
         "max_memory_mib": g["memory_used_mib"].max(),
     })
+    del cols, g, sums
     known_h = out["sampled_gpu_hours"] - out["unknown_gpu_hours"]
     out["mean_util_pct"] = (100.0 * out["used_gpu_hours"] / known_h).where(known_h > 0)
     out.index = out.index.astype("int64")
@@ -182,6 +186,74 @@ def by_gpu_model(j: Any, s: Any, pj: Any) -> Any:
     return pd.DataFrame(out).sort_values("gpu_model").reset_index(drop=True)
 
 
+def _windows(jid: Any, k: Any, cols: dict[str, Any]) -> Any:
+    """Per (job_id, k) window of samples: known and all samples, highest utilization and
+    memory, the window's length (first) and median interval; what
+    ``frame.groupby(["job_id", "k"])`` gives. Every one of these is exact whatever the
+    order of the additions, so when the pair fits in one integer they come from numpy on
+    that key, sorted, rather than from hashing ten million pairs with a float."""
+    import numpy as np
+    import pandas as pd
+
+    key = None
+    if len(jid) and np.isfinite(k).all():
+        lo = int(jid.min())
+        kbits = int(k.max()).bit_length()
+        if (int(jid.max()) - lo).bit_length() + kbits <= 62:
+            key = jid - lo
+            key <<= kbits
+            key |= k.astype(np.int64)
+    if key is None:
+        frame = pd.DataFrame({"job_id": jid, "k": k, **cols})
+        g = frame.groupby(["job_id", "k"])
+        return pd.DataFrame({
+            "n_known": g["known"].sum(), "n": g.size(), "max_util": g["util"].max(),
+            "max_mem": g["mem"].max(), "win": g["win"].first(),
+            "interval": g["interval"].median()}).reset_index()
+    order = np.argsort(key, kind="stable")
+    key.sort(kind="stable")
+    new = np.empty(len(key), dtype=bool)
+    new[0] = True
+    np.not_equal(key[1:], key[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    del new
+    gk = key[starts]
+    del key
+    ends = np.append(starts[1:], len(order))
+    known = np.cumsum(cols["known"][order], dtype=np.int64)
+    n_known = known[ends - 1] - np.where(starts > 0, known[starts - 1], 0)
+    del known
+    interval = cols["interval"][order]
+    lo_i = np.fmin.reduceat(interval, starts)
+    hi_i = np.fmax.reduceat(interval, starts)
+    median = lo_i.copy()  # the median of equal values is that value
+    mixed = ~((lo_i == hi_i) | (np.isnan(lo_i) & np.isnan(hi_i)))
+    if mixed.any():
+        group = np.repeat(np.arange(len(starts)), ends - starts)
+        rows = mixed[group]
+        median[mixed] = pd.Series(interval[rows]).groupby(group[rows]).median().to_numpy()
+        del group, rows
+    del interval
+    w = pd.DataFrame({
+        "job_id": (gk >> kbits) + lo, "k": (gk & ((1 << kbits) - 1)).astype("float64"),
+        "n_known": n_known, "n": (ends - starts).astype(np.int64),
+        "max_util": np.fmax.reduceat(cols["util"][order], starts),
+        "max_mem": np.fmax.reduceat(cols["mem"][order], starts),
+        "win": cols["win"][order[starts]], "interval": median,
+    })
+    return w
+
+
+def _float64_at(col: Any, sel: Any) -> Any:
+    """``col.to_numpy(dtype="float64", na_value=nan)[sel]``, converting only the rows
+    selected when the column is a plain numpy float (as the store gives float32)."""
+    import numpy as np
+
+    if isinstance(col.dtype, np.dtype) and col.dtype.kind == "f":
+        return col.to_numpy()[sel].astype(np.float64)
+    return col.to_numpy(dtype="float64", na_value=np.nan)[sel]
+
+
 def idle_jobs(j: Any, s: Any, pj: Any, usage: Usage) -> Any:
     import numpy as np
     import pandas as pd
@@ -192,27 +264,36 @@ def idle_jobs(j: Any, s: Any, pj: Any, usage: Usage) -> Any:
     if j.empty or s.empty:
         return pd.DataFrame(columns=cols)
     last = j.sort_values("run").groupby("job_id").tail(1).set_index("job_id")
-    held = s[s["held"]]
-    held = held[held["job_id"].isin(last.index)]
-    if held.empty:
+    # The held samples of jobs in sacct, as arrays (no copy of the frame's other columns).
+    sel = (s["held"] & s["job_id"].isin(last.index)).to_numpy(dtype=bool)
+    if not sel.any():
         return pd.DataFrame(columns=cols)
-    jid = held["job_id"].astype("int64").to_numpy()
-    start = last["run_start"].reindex(jid).to_numpy()
-    dur = (last["run_end"] - last["run_start"]).reindex(jid).to_numpy()
-    interval = held["interval_s"].to_numpy()
-    win = np.minimum(float(usage.idle_window_s), np.maximum(dur, interval))
-    k = np.floor((held["time"].to_numpy() - start) / win)
-    frame = pd.DataFrame({
-        "job_id": jid, "k": k, "win": win, "interval": interval,
-        "known": held["known"].to_numpy(),
-        "util": held["utilization_pct"].to_numpy(dtype="float64", na_value=np.nan),
-        "mem": held["memory_used_mib"].to_numpy(dtype="float64", na_value=np.nan),
-    })
-    frame = frame[frame["k"] >= 0]
-    g = frame.groupby(["job_id", "k"])
-    w = pd.DataFrame({"n_known": g["known"].sum(), "n": g.size(), "max_util": g["util"].max(),
-                      "max_mem": g["mem"].max(), "win": g["win"].first(),
-                      "interval": g["interval"].median()}).reset_index()
+    jid = s["job_id"].to_numpy(dtype="int64", na_value=0)[sel]
+    at = last.index.get_indexer(jid)
+    start = last["run_start"].to_numpy()[at]
+    dur = (last["run_end"] - last["run_start"]).to_numpy()[at]
+    del at
+    interval = s["interval_s"].to_numpy()[sel]
+    # In place where the arrays are ours: ten million rows a column, each fresh array is
+    # 80 MB of new pages for the kernel to map and zero.
+    win = np.maximum(dur, interval, out=dur)
+    np.minimum(win, float(usage.idle_window_s), out=win)
+    k = s["time"].to_numpy(dtype="float64")[sel]
+    k -= start
+    k /= win
+    np.floor(k, out=k)
+    del start, dur
+    keep = k >= 0
+    arrays = {"win": win, "interval": interval, "known": s["known"].to_numpy()[sel],
+              "util": _float64_at(s["utilization_pct"], sel),
+              "mem": _float64_at(s["memory_used_mib"], sel)}
+    del win, interval, sel
+    if not keep.all():
+        jid, k = jid[keep], k[keep]
+        arrays = {c: v[keep] for c, v in arrays.items()}
+    del keep
+    w = _windows(jid, k, arrays)
+    del jid, k, arrays
     gpus = last["gpus"].reindex(w["job_id"].to_numpy()).to_numpy()
     expected = w["win"] / w["interval"] * gpus
     ok = ((w["n_known"] == w["n"]) & (w["n_known"] >= usage.min_coverage * expected)
@@ -252,33 +333,157 @@ def wait(jobs: Any, since: float, until: float) -> Any:
     return out[cols]
 
 
+def _codes(col: Any) -> Any:
+    """Integer codes of a column in its sort order (categories' order for a categorical,
+    as groupby orders them), -1 for a missing value."""
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        return col.cat.codes.to_numpy()  # int8 to int32: as small as the categories allow
+    codes, _ = pd.factorize(col, sort=True)
+    return np.asarray(codes, dtype=np.int64)
+
+
+def _str_codes(col: Any) -> tuple[Any, list[str]]:
+    """Codes of a label column into its distinct values as sorted strings (-1: missing):
+    what grouping by ``col.astype(str)`` sees, without making a string per row."""
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        codes = col.cat.codes.to_numpy().astype(np.int64)
+        labels = [str(c) for c in col.cat.categories]
+    else:
+        codes, uniq = pd.factorize(col)
+        codes = np.asarray(codes, dtype=np.int64)
+        labels = [str(c) for c in uniq]
+    names = sorted(set(labels))
+    pos = {n: i for i, n in enumerate(names)}
+    remap = np.array([pos[x] for x in labels] + [-1], dtype=np.int64)
+    return remap[codes], names
+
+
+def _pair_key(codes: Any, time: Any) -> Any:
+    """One int64 per (code, time) ordered as the pairs are, or None when the values do not
+    fit. A non-negative float's bits, read as an integer, order as the float does and
+    differ exactly when it differs, so (bits - smallest) fits in few bits over an audit's
+    range (2**43 for a month of epoch seconds)."""
+    import numpy as np
+
+    if not len(time):
+        return None
+    bits = time.view(np.int64)
+    low = int(bits.min())
+    if low < 0:  # a negative time (or -0.0): not in bit order
+        return None
+    shift = (int(bits.max()) - low).bit_length()
+    if int(codes.max()).bit_length() + shift > 62:
+        return None
+    key = codes.astype(np.int64) << shift  # in place from here: one array of the size
+    key += bits
+    key -= low
+    return key
+
+
+def _snapshots(s: Any, mask: Any) -> dict[str, Any]:
+    """One entry per (node, time) of the masked samples, in (node, time) order, as numpy
+    arrays: ``time``, ``n`` samples, ``held`` of them held by a job, ``w`` (GPU-hours of
+    the first sample) and ``model`` (row of the first sample with a model, else of the
+    first); what ``groupby(["node", "time"])`` with size/sum/first gives, without copying
+    the samples or hashing float pairs."""
+    import numpy as np
+
+    node = _codes(s["node"])
+    time = s["time"].to_numpy(dtype="float64")
+    mask = mask & (node >= 0) & ~np.isnan(time)
+    rows = None if mask.all() else np.flatnonzero(mask)
+    del mask
+    t = time if rows is None else time[rows]
+    if rows is not None:
+        node = node[rows]
+    # Sort by (node, time), stably, so each group keeps its rows in the frame's order.
+    key = _pair_key(node, t)
+    if key is not None:
+        del node, t
+        order = np.argsort(key, kind="stable")  # nearly sorted already: a node's rows
+        key.sort(kind="stable")                  # come together, mostly in time order
+        new = np.empty(len(key), dtype=bool)
+        np.not_equal(key[1:], key[:-1], out=new[1:])
+        del key
+    else:
+        order = np.argsort(t, kind="stable")
+        order = order[np.argsort(node[order], kind="stable")]
+        node, t = node[order], t[order]
+        new = np.empty(len(order), dtype=bool)
+        new[1:] = (node[1:] != node[:-1]) | (t[1:] != t[:-1])
+        del node, t
+    if len(new):
+        new[0] = True
+    rows = order if rows is None else rows[order]
+    del order
+    starts = np.flatnonzero(new)
+    del new
+    ends = np.append(starts[1:], len(rows))
+    held = s["held"].to_numpy(dtype=bool)[rows]
+    held_n = (np.add.reduceat(held, starts, dtype=np.int64) if len(starts)
+              else np.zeros(0, dtype=np.int64))
+    del held
+    first = rows[starts]
+    # groupby's first() skips missing values: the first row of the group with a model.
+    has_model = s["gpu_model"].notna().to_numpy()
+    model_rows = first
+    if not has_model.all():
+        known_pos = np.flatnonzero(has_model[rows])
+        k = np.searchsorted(known_pos, starts)
+        found = k < len(known_pos)
+        found[found] = known_pos[k[found]] < ends[found]
+        model_rows = first.copy()
+        model_rows[found] = rows[known_pos[k[found]]]
+        del known_pos, k, found
+    n = ends - starts
+    del has_model, ends, starts, rows
+    return {"time": time[first], "n": n, "held": held_n,
+            "w": s["w_h"].to_numpy(dtype="float64")[first], "model_rows": model_rows}
+
+
 def fragmentation(s: Any) -> Any:
     """Free GPUs stranded on partly used nodes, from the samples' snapshots of each node."""
+    import numpy as np
     import pandas as pd
 
     cols = ["gpu_model", "free_gpu_hours", "stranded_gpu_hours", "free_on_idle_nodes_gpu_hours",
             "stranded_share", "mean_stranded_gpus"]
-    a = s[s["attributed"].fillna(False).astype(bool) & s["slurm_index"].notna()]
-    if a.empty:
+    mask = (s["attributed"].fillna(False).astype(bool).to_numpy(dtype=bool)
+            & s["slurm_index"].notna().to_numpy())
+    if not mask.any():
         return pd.DataFrame(columns=cols)
-    g = a.groupby(["node", "time"], observed=True)
-    snap = pd.DataFrame({"n": g.size(), "held": g["held"].sum(), "w": g["w_h"].first(),
-                         "model": g["gpu_model"].first()}).reset_index()
-    snap["free"] = snap["n"] - snap["held"]
-    partly = (snap["held"] > 0) & (snap["free"] > 0)
-    snap["free_h"] = snap["free"] * snap["w"]
-    snap["stranded_h"] = snap["free_h"].where(partly, 0.0)
-    snap["idle_node_h"] = snap["free_h"].where(snap["held"] == 0, 0.0)
-    snap["stranded_n"] = snap["free"].where(partly, 0)
-    gm = snap.groupby(snap["model"].astype(str))
-    out = pd.DataFrame({"free_gpu_hours": gm["free_h"].sum(),
-                        "stranded_gpu_hours": gm["stranded_h"].sum(),
-                        "free_on_idle_nodes_gpu_hours": gm["idle_node_h"].sum()})
+    snap = _snapshots(s, mask)
+    free = snap["n"] - snap["held"]
+    partly = (snap["held"] > 0) & (free > 0)
+    free_h = free * snap["w"]
+    codes, names = _str_codes(pd.Series(s["gpu_model"].array.take(snap["model_rows"])))
+    key = pd.Categorical.from_codes(codes, names)
+
+    def by_model(values: Any) -> Any:
+        return pd.Series(values).groupby(key, observed=True).sum()
+
+    out = pd.DataFrame({"free_gpu_hours": by_model(free_h),
+                        "stranded_gpu_hours": by_model(np.where(partly, free_h, 0.0)),
+                        "free_on_idle_nodes_gpu_hours": by_model(
+                            np.where(snap["held"] == 0, free_h, 0.0))})
+    out.index = pd.Index(out.index.astype(str), name="model")
     out["stranded_share"] = (out["stranded_gpu_hours"] / out["free_gpu_hours"]).where(
         out["free_gpu_hours"] > 0)
     # Snapshots per model: average over distinct times of the total stranded GPUs then.
-    per_time = snap.groupby([snap["model"].astype(str), "time"])["stranded_n"].sum()
-    out["mean_stranded_gpus"] = per_time.groupby(level=0).mean()
+    # Counts are whole numbers, so the mean is their exact total over the distinct times.
+    stranded = np.where(partly, free, 0)
+    mean = {}
+    for i, name in enumerate(names):
+        sel = codes == i
+        if sel.any():
+            mean[name] = int(stranded[sel].sum()) / len(pd.unique(snap["time"][sel]))
+    out["mean_stranded_gpus"] = pd.Series(mean, dtype="float64")
     return out.reset_index().rename(columns={"model": "gpu_model"})[cols]
 
 
@@ -326,14 +531,17 @@ def right_size(j: Any, pj: Any, site: Site | None, usage: Usage) -> Any:
 _LOCALITY_RE = re.compile(r"locality=([A-Za-z0-9_-]+)")
 
 
-def _island_stats(site: Site | None, node: str, idx_text: str) -> tuple[int, int, str | None]:
-    """(islands used, fewest islands that could hold them, leaf switch) of one node."""
+def _island_stats(site: Site | None, node: str, idx_text: str,
+                  specs: dict[str, Any] | None = None) -> tuple[int, int, str | None]:
+    """(islands used, fewest islands that could hold them, leaf switch) of one node.
+
+    ``specs``: the site's nodes by name, when the caller looks up many (else a scan)."""
     from hetslurm.slurm.units import parse_indices
 
     if site is None:
         return 0, 0, None
     try:
-        spec = site.node(node)
+        spec = specs[node] if specs is not None else site.node(node)
     except KeyError:
         return 0, 0, None
     idx = parse_indices(idx_text)
@@ -346,8 +554,21 @@ def _island_stats(site: Site | None, node: str, idx_text: str) -> tuple[int, int
     return len(used), math.ceil(len(idx) / max(sizes.values())), spec.leaf_switch
 
 
+def _per_distinct(col: Any, fn: Any) -> list[Any]:
+    """``[fn(str(v)) for v in col]``, calling ``fn`` once per distinct value (a missing
+    value reads ``"nan"``, as iterating the column and ``str()`` give)."""
+    import numpy as np
+    import pandas as pd
+
+    codes, uniq = pd.factorize(col)
+    vals = [fn(str(u)) for u in uniq]
+    vals.append(fn(str(np.nan)))
+    return [vals[c] for c in codes.tolist()]
+
+
 def placement(j: Any, s: Any, site: Site | None) -> tuple[Any, Any]:
     """Multi-GPU jobs: NVLink islands and leaf switches used; and the hook's asks met?"""
+    import numpy as np
     import pandas as pd
 
     from hetslurm.slurm.units import expand_hostlist
@@ -359,22 +580,29 @@ def placement(j: Any, s: Any, site: Site | None) -> tuple[Any, Any]:
     if j.empty:
         return pd.DataFrame(columns=pcols), pd.DataFrame(columns=hcols)
     last = j.sort_values("run").groupby("job_id").tail(1).set_index("job_id")
-    held = s[s["held"]]
-    pairs = (held.groupby(["job_id", "node"], observed=True)["job_gpus"].first()
-             .astype(str).reset_index()) if not held.empty else pd.DataFrame(
-        columns=["job_id", "node", "job_gpus"])
+    specs: dict[str, Any] = {}
+    for spec in site.nodes if site is not None else ():
+        specs.setdefault(spec.name, spec)
+    # Grouping by job id leaves out samples no job held (no copy of the held rows).
+    # Groups unsorted, then sorted once: faster than groupby's own sort, and first() does
+    # not depend on the order of the groups.
+    pairs = (s[["job_id", "node", "job_gpus"]].groupby(["job_id", "node"], observed=True,
+                                                       sort=False)["job_gpus"].first()
+             .sort_index().astype(str).reset_index()) if bool(s["held"].any()) \
+        else pd.DataFrame(columns=["job_id", "node", "job_gpus"])
     pairs["job_id"] = pairs["job_id"].astype("int64")
     pairs["node"] = pairs["node"].astype(str)
-    cache: dict[tuple[str, str], tuple[int, int, str | None]] = {}
-    stats = []
-    for node, idx in zip(pairs["node"], pairs["job_gpus"], strict=True):
-        key = (node, idx)
-        if key not in cache:
-            cache[key] = _island_stats(site, node, idx)
-        stats.append(cache[key])
-    pairs["islands_used"] = [x[0] for x in stats]
-    pairs["min_islands"] = [x[1] for x in stats]
     pairs["text"] = pairs["node"] + ":" + pairs["job_gpus"]
+    # Island statistics once per distinct (node, indices), not once per job.
+    codes, _ = pd.factorize(pairs["text"], use_na_sentinel=False)
+    _, first = np.unique(codes, return_index=True)
+    stats = [_island_stats(site, n, i, specs) for n, i in
+             zip(pairs["node"].to_numpy()[first], pairs["job_gpus"].to_numpy()[first],
+                 strict=True)]
+    pairs["islands_used"] = np.array([x[0] for x in stats], dtype=np.int64)[codes] \
+        if stats else np.zeros(0, dtype=np.int64)
+    pairs["min_islands"] = np.array([x[1] for x in stats], dtype=np.int64)[codes] \
+        if stats else np.zeros(0, dtype=np.int64)
     g = pairs.groupby("job_id")
     text = g["text"].first()
     multi_node = pairs["job_id"].duplicated(keep=False)
@@ -389,7 +617,7 @@ def placement(j: Any, s: Any, site: Site | None) -> tuple[Any, Any]:
         if nodes not in leaf_cache:
             found = set()
             for n in expand_hostlist(nodes) if nodes else ():
-                found.add(_island_stats(site, n, "")[2])
+                found.add(_island_stats(site, n, "", specs)[2])
             found.discard(None)
             leaf_cache[nodes] = len(found)
         return leaf_cache[nodes]
@@ -403,36 +631,41 @@ def placement(j: Any, s: Any, site: Site | None) -> tuple[Any, Any]:
     })
     out["split_across_islands"] = (out["gpu_indices"] != "") & (
         out["islands_used"] > out["min_islands"])
-    out["leaf_switches"] = [leaves(n) for n in out["nodes"]]
+    out["leaf_switches"] = [leaves(n) for n in out["nodes"].tolist()]
     out["crosses_switches"] = out["leaf_switches"] > 1
     # The hook's decisions: models asked through an OR of features, locality through the
     # admin comment it writes; compared with what Slurm gave.
     models = set(site.gpu_models()) if site is not None else None
-    ask_cache: dict[str, str] = {}
 
     def asked(c: str) -> str:
-        if c not in ask_cache:
-            ask_cache[c] = "|".join(m for m in re.split(r"[|&,]", c)
-                                    if m and (models is None or m in models))
-        return ask_cache[c]
+        return "|".join(m for m in re.split(r"[|&,]", c)
+                        if m and (models is None or m in models))
 
     h = last[["constraints", "admin_comment", "comment", "gpu_model", "gpus"]].copy()
-    h["asked_models"] = [asked(str(c)) for c in h["constraints"]]
+    h["asked_models"] = _per_distinct(h["constraints"], asked)
     h["asked_locality"] = (h["admin_comment"].astype(str) + " " + h["comment"].astype(str)
                            ).str.extract(_LOCALITY_RE.pattern, expand=False).fillna("")
     h = h[(h["asked_models"] != "") | (h["asked_locality"] != "")]
     got = h["gpu_model"].astype(str)
     h["got_model"] = got
-    h["model_met"] = [(g in a.split("|")) if a else None
-                      for g, a in zip(got, h["asked_models"], strict=True)]
+    met_cache: dict[tuple[str, str], bool | None] = {}
+
+    def model_met(g: str, a: str) -> bool | None:
+        key = (g, a)
+        if key not in met_cache:
+            met_cache[key] = (g in a.split("|")) if a else None
+        return met_cache[key]
+
+    h["model_met"] = [model_met(g, a) for g, a in
+                      zip(got.tolist(), h["asked_models"].tolist(), strict=True)]
     split = out.set_index("job_id")["split_across_islands"]
-    met: list[bool | None] = []
-    for jid, loc, nodes, gp in zip(h.index, h["asked_locality"], last.loc[h.index, "nodes"],
-                                   h["gpus"], strict=True):
-        if loc == "nvlink" and gp > 1 and jid in split.index and per["gpu_indices"].get(jid):
-            met.append(bool(not split[jid] and len(expand_hostlist(nodes)) == 1))
-        else:
-            met.append(None)
+    met: list[bool | None] = [None] * len(h)
+    # Only a job that asked for NVLink locality is judged (the others stay None).
+    for pos in np.flatnonzero((h["asked_locality"] == "nvlink").to_numpy(dtype=bool)):
+        jid = h.index[pos]
+        nodes = last.at[jid, "nodes"]
+        if h["gpus"].iat[pos] > 1 and jid in split.index and per["gpu_indices"].get(jid):
+            met[pos] = bool(not split[jid] and len(expand_hostlist(nodes)) == 1)
     h["locality_met"] = met
     hook = h.reset_index()[hcols]
     return out[pcols], hook
