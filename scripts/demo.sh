@@ -73,4 +73,7 @@ done
 # GPU metrics (fake NVML) while jobs run, one of them idle, then the utilization audit.
 HS=$HS bash scripts/demo-audit.sh
 
+# `hetslurm rebalance` (the cron entry point) catches a job whose GPUs idle and requeues it.
+HS=$HS bash scripts/demo-rebalance.sh
+
 echo "The testbed keeps running; stop it with: $HS testbed down"

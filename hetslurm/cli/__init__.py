@@ -76,9 +76,10 @@ def _register() -> None:
     from hetslurm.cli import simulate_cmd
 
     simulate_cmd.register(cli)
-    from hetslurm.cli import act_cmd
+    from hetslurm.cli import act_cmd, rebalance_cmd
 
     act_cmd.register(cli)
+    rebalance_cmd.register(cli)
 
 
 _register()

@@ -173,5 +173,45 @@ def bench_simulate_cmd(site_file: str, params_file: str, limit: int | None,
     emit(rows, output_format, title="simulate benchmark", document=rows)
 
 
+@bench.command("rebalance")
+@click.option("--jobs", type=click.IntRange(1), default=10_000, show_default=True,
+              help="Running 1-GPU jobs, each with an hour of samples.")
+@click.option("--interval", "interval_s", type=click.FloatRange(1.0, 3600.0), default=30.0,
+              show_default=True, help="Seconds between samples (the collector's interval).")
+@click.option("--segments-per-node", type=click.IntRange(1, 360), default=12,
+              show_default=True,
+              help="Store segments per node for the hour (12: the collector's 5-minute "
+                   "flush; 1: the hour compacted).")
+@click.option("--pending", type=click.IntRange(0), default=1000, show_default=True,
+              help="Pending jobs (half of them relaxable #HET energy=low jobs).")
+@click.option("--per-job-sample", type=click.IntRange(1), default=300, show_default=True,
+              help="Jobs the per-job way is timed on (then scaled to all).")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="Where the synthetic state is written (and removed) [default: $TMPDIR].")
+@format_option
+def bench_rebalance_cmd(jobs: int, interval_s: float, segments_per_node: int, pending: int,
+                        per_job_sample: int, workdir: str | None, output_format: str) -> None:
+    """Time one dry-run `hetslurm rebalance` pass on a synthetic cluster.
+
+    The state (docs/act.md#benchmark): JOBS running 1-GPU jobs on 8-GPU nodes, an hour of
+    samples each, pending #HET jobs; the pass runs all three phases in a child process.
+    Reports jobs, seconds (target 10), peak_rss_mb, phase_seconds and speedup against the
+    per-job way (one metrics store read per job, timed on a sample and scaled).
+    """
+    from hetslurm.act.bench import bench_rebalance
+
+    def log(msg: str) -> None:
+        click.echo(f"bench rebalance: {msg}", err=True)
+
+    try:
+        res = bench_rebalance(jobs, interval_s=interval_s, segments_per_node=segments_per_node,
+                              pending=pending, per_job_sample=per_job_sample, workdir=workdir,
+                              log=log)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    emit([{"metric": k, "value": v} for k, v in res.items()], output_format,
+         title="rebalance benchmark", document=res)
+
+
 def register(cli: click.Group) -> None:
     cli.add_command(bench)

@@ -267,6 +267,48 @@ class Stall(_Strict):
 register_section("stall", Stall, Stall())
 
 
+RelaxKind = Annotated[str, Field(pattern=r"^(switch-wait|models|prefer)$")]
+
+
+class Rebalance(_Strict):
+    """``[rebalance]``: the cron entry point ``hetslurm rebalance`` (docs/act.md#rebalance).
+
+    It runs requeue-stalled (``[stall]``), relaxes pending jobs that waited too long, and
+    reports drift between the site file and the live cluster.
+    """
+
+    #: Stop starting new work after this many seconds; what was skipped is reported.
+    time_budget_s: Annotated[StrictInt, Field(ge=1, le=86400)] = 240
+    #: The run lock (a second run exits at once); must differ from ``[stall] lock_file``.
+    lock_file: str = "/run/hetslurm/rebalance.lock"
+    #: Action log for relaxations; default: ``[stall] action_log`` (one log for all acts).
+    action_log: str | None = None
+    #: The three parts; each can be switched off.
+    requeue_stalled: StrictBool = True
+    relax: StrictBool = True
+    drift: StrictBool = True
+    #: A pending job is relaxed only after waiting this long (since it became eligible).
+    pending_limit_s: Annotated[StrictInt, Field(ge=0, le=30 * 86400)] = 3600
+    #: Which relaxing edits are allowed: drop a switch wait (``locality=switch`` preferred),
+    #: widen a GPU model list narrowed by the hook (``energy=low``) back to the job's own
+    #: ranked list, drop a ``--prefer`` that names models of that list.
+    relax_kinds: tuple[RelaxKind, ...] = ("switch-wait", "models", "prefer")
+    #: Slurm pending reasons under which a job is considered (held, dependent or
+    #: limit-bound jobs would not start sooner with a wider request).
+    pending_reasons: tuple[str, ...] = ("Resources", "Priority", "None")
+    #: At most this many jobs relaxed per run.
+    max_relax_per_run: Annotated[StrictInt, Field(ge=0, le=10_000)] = 20
+    #: Seconds to wait for Slurm to show an edited job with its new request.
+    verify_timeout_s: Annotated[StrictFloat | StrictInt, Field(gt=0, le=600)] = 10
+    #: The live Slurm configuration folder for the drift report (default: the folder of
+    #: ``$SLURM_CONF``, else ``/etc/slurm``) and whether its slurm.conf is one whole file.
+    conf_dir: str | None = None
+    whole_conf: StrictBool = False
+
+
+register_section("rebalance", Rebalance, Rebalance())
+
+
 class HookPolicy(_Strict):
     """``[hook]``: the job_submit hook's policy (docs/site-config.md, docs/hook.md).
 

@@ -189,6 +189,9 @@ class JobInfo(_ToDict):
     admin_comment: str | None = None
     features: str | None = None
     prefer: str | None = None
+    #: ``--switches`` (``scontrol show job``'s ``Switches=count@wait``); None when not asked
+    #: for or when the source does not say (``squeue --json`` in 22.05 does not).
+    switches: Switches | None = None
 
     @property
     def display_id(self) -> str:

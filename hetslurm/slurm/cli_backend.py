@@ -99,7 +99,31 @@ class CliBackend(SlurmBackend):
         detail = parse.trusted_details(
             parse.parse_scontrol_jobs(self._run("scontrol", "show", "job", "-d", "-o").stdout),
             risky)
-        return [_with_allocation(j, detail[j.job_id]) if j.job_id in detail else j for j in jobs]
+        out = [_with_allocation(j, detail[j.job_id]) if j.job_id in detail else j for j in jobs]
+        if any(j.state == "PENDING" for j in out):
+            sw = self._switch_requests()
+            out = [replace(j, switches=sw.get(j.job_id)) if j.state == "PENDING" else j
+                   for j in out]
+        return out
+
+    def _switch_requests(self) -> dict[int, Switches]:
+        """``--switches`` of every pending job, from ``squeue -O``: squeue --json has no such
+        field and scontrol -o is not trusted for every job; these columns are numbers only."""
+        try:
+            text = self._run("squeue", "-h", "-t", "PD", "-O",
+                             "JobID:24,ReqSwitch:12,Wait4Switch:24").stdout
+        except CommandError:
+            return {}  # unknown: no job is taken to wait for a switch
+        out: dict[int, Switches] = {}
+        for line in text.splitlines():
+            words = line.split()
+            if len(words) != 3 or not words[0].isdigit() or not words[1].isdigit():
+                continue
+            wait = units.time_seconds(words[2])
+            if int(words[1]) > 0:
+                out[int(words[0])] = Switches(int(words[1]), wait if isinstance(wait, int)
+                                              else None)
+        return out
 
     def job(self, job_id: JobRef) -> JobInfo:
         ref = str(job_id)
@@ -115,7 +139,10 @@ class CliBackend(SlurmBackend):
         base = next((j for j in listed if j.job_id == pick.job_id), None)
         if base is not None:
             detail = parse.trusted_details(found, risky)
-            return _with_allocation(base, detail[base.job_id]) if base.job_id in detail else base
+            got = _with_allocation(base, detail[base.job_id]) if base.job_id in detail else base
+            if got.state == "PENDING":
+                got = replace(got, switches=self._switch_requests().get(got.job_id))
+            return got
         why = parse.ambiguous_scontrol_job(out.stdout)
         if why:
             raise BackendError(f"job {ref}: scontrol's output cannot be trusted: {why}")
@@ -209,4 +236,6 @@ class CliBackend(SlurmBackend):
 
 def _with_allocation(job: JobInfo, detail: JobInfo) -> JobInfo:
     gres = detail.allocated_gres or job.allocated_gres
-    return replace(job, allocated_gres=dict(gres), cpu_ids=dict(detail.cpu_ids))
+    # squeue --json has no switch request either; scontrol prints Switches=count@wait.
+    return replace(job, allocated_gres=dict(gres), cpu_ids=dict(detail.cpu_ids),
+                   switches=detail.switches)

@@ -241,6 +241,8 @@ class FakeSlurm(SlurmBackend):
             job = replace(job, prefer=prefer or None)
         if partition is not None:
             job = replace(job, partition=partition)
+        if switches is not None:
+            job = replace(job, switches=switches if switches.count else None)
         self._jobs[jid] = job
 
     def hold(self, job_id: JobRef) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from hetslurm.errors import BackendError
 from hetslurm.slurm import units
-from hetslurm.slurm.backend import JobInfo, NodeInfo, PartitionInfo, QosInfo
+from hetslurm.slurm.backend import JobInfo, NodeInfo, PartitionInfo, QosInfo, Switches
 from hetslurm.slurm.units import GresItem
 
 #: JSON plugin versions these parsers were checked against.
@@ -418,9 +418,22 @@ def parse_scontrol_jobs(text: str) -> list[JobInfo]:
                 admin_comment=units.text_or_none(_first(rec, "AdminComment")),
                 features=units.text_or_none(_first(rec, "Features")),
                 prefer=units.text_or_none(_first(rec, "Prefer")),
+                switches=_switches(_first(rec, "Switches")),
             )
         )
     return out
+
+
+def _switches(text: str | None) -> Switches | None:
+    """``Switches=1@00:05:00`` (count, then the longest wait) to :class:`Switches`."""
+    if not text:
+        return None
+    count, _, wait = text.partition("@")
+    n = _int(count)
+    if n is None:
+        return None
+    secs = units.time_seconds(wait) if wait else None
+    return Switches(n, secs if isinstance(secs, int) else None)
 
 
 def parse_scontrol_partitions(text: str) -> list[PartitionInfo]:

@@ -1,0 +1,256 @@
+"""``hetslurm rebalance``: one cron tick of everything hetslurm does to a live cluster.
+
+Three phases, in this order, under one lock and one time budget (``[rebalance]``):
+
+1. **requeue-stalled** (:func:`hetslurm.act.run.requeue_stalled`, its own policy, lock and
+   warnings): idle GPU jobs give their GPUs back first, so the next phase sees them free;
+2. **relax** (:mod:`hetslurm.act.relax`): pending jobs that waited past ``pending_limit_s``
+   and asked for preferred locality or a ranked model list get a relaxed request when the
+   placement core says the relaxed one would start now;
+3. **drift** (:mod:`hetslurm.act.drift`): the site file against the live configuration.
+
+A dry run (the default) reads only: no Slurm command that changes anything, no log entry,
+no lock. With ``apply`` a second concurrent run finds the lock held and raises
+:class:`hetslurm.act.LockBusy` before reading anything. When the budget is spent no new
+phase or job is started; what was skipped is listed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hetslurm.act import ActError, LockBusy
+from hetslurm.act.drift import DriftReport, drift
+from hetslurm.act.lock import RunLock
+from hetslurm.act.log import ActionLog
+from hetslurm.act.output_mode import OutputProbe
+from hetslurm.act.relax import RelaxOutcome, RelaxPlan, apply_relax, plan_relax
+from hetslurm.act.run import StallRequest, context_for, requeue_stalled
+from hetslurm.act.stall import RunResult
+from hetslurm.errors import ConfigError
+from hetslurm.site.schema import Rebalance
+from hetslurm.slurm.backend import JobInfo, NodeInfo, SlurmBackend
+
+if TYPE_CHECKING:
+    from hetslurm.levers.live import Target
+    from hetslurm.site.model import Site
+
+PHASES = ("requeue-stalled", "relax", "drift")
+
+
+@dataclass(frozen=True)
+class RebalanceRequest:
+    """What ``hetslurm rebalance`` was asked; None means "the site's [rebalance] value"."""
+
+    apply: bool = False
+    store: str | None = None
+    action_log: str | None = None
+    lock_file: str | None = None
+    budget_s: float | None = None
+    phases: tuple[str, ...] | None = None
+
+
+@dataclass
+class RebalanceResult:
+    applied: bool
+    budget_s: float
+    seconds: float = 0.0
+    stall: RunResult | None = None
+    relax: RelaxPlan | None = None
+    relax_outcomes: list[RelaxOutcome] = field(default_factory=list)
+    drift: DriftReport | None = None
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def over_budget(self) -> bool:
+        return any(s["why"] == "time budget" for s in self.skipped)
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat row per stall decision, relax decision, drift change and skipped item."""
+        out: list[dict[str, Any]] = []
+        if self.stall is not None:
+            results = {o.job: o.result for o in self.stall.outcomes}
+            for d in self.stall.decisions:
+                out.append({"phase": "requeue-stalled", "job": d.job, "rule": d.rule,
+                            "action": d.action, "result": results.get(d.job, ""),
+                            "detail": d.reason})
+        if self.relax is not None:
+            results = {o.job: o.result for o in self.relax_outcomes}
+            for r in self.relax.decisions:
+                row = r.row()
+                out.append({"phase": "relax", "job": r.job, "rule": r.rule,
+                            "action": r.action, "result": results.get(r.job, ""),
+                            "detail": (f"{row['edits']}: " if row["edits"] else "")
+                            + r.detail})
+        if self.drift is not None:
+            if self.drift.error:
+                out.append({"phase": "drift", "job": "", "rule": "error", "action": "",
+                            "result": "", "detail": self.drift.error})
+            for c in self.drift.changes:
+                out.append({"phase": "drift", "job": "", "rule": f"{c['file']}: {c['item']}",
+                            "action": c["action"], "result": "",
+                            "detail": f"{c['old']!s} -> {c['new']!s}"})
+        for s in self.skipped:
+            out.append({"phase": s["phase"], "job": s.get("job", ""), "rule": "skipped",
+                        "action": "", "result": "", "detail": s["why"]})
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        stall = None
+        if self.stall is not None:
+            stall = {"decisions": [d.to_dict() for d in self.stall.decisions],
+                     "outcomes": [o.__dict__ for o in self.stall.outcomes],
+                     "problems": self.stall.problems}
+        relax = None
+        if self.relax is not None:
+            relax = {"decisions": [d.to_dict() for d in self.relax.decisions],
+                     "outcomes": [o.__dict__ for o in self.relax_outcomes],
+                     "quiet": self.relax.quiet}
+        return {"applied": self.applied, "seconds": round(self.seconds, 3),
+                "budget_s": self.budget_s, "over_budget": self.over_budget,
+                "requeue_stalled": stall, "relax": relax,
+                "drift": None if self.drift is None else self.drift.to_dict(),
+                "skipped": self.skipped, "problems": self.problems}
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    """One read of nodes and jobs, shared by the phases (``LiveState.from_backend`` reads
+    this instead of asking Slurm again)."""
+
+    node_list: Sequence[NodeInfo]
+    job_list: Sequence[JobInfo]
+
+    def nodes(self) -> Sequence[NodeInfo]:
+        return self.node_list
+
+    def jobs(self) -> Sequence[JobInfo]:
+        return self.job_list
+
+
+def policy_of(site: Site) -> Rebalance:
+    pol = site.sections.get("rebalance")
+    return pol if isinstance(pol, Rebalance) else Rebalance()
+
+
+def rebalance(backend: SlurmBackend, req: RebalanceRequest, site: Site, *,
+              target: Target | None = None, samples: Any = None, now: float | None = None,
+              output_probe: OutputProbe | None = None, env: Mapping[str, str] | None = None,
+              clock: Callable[[], float] = time.monotonic,
+              policy: Rebalance | None = None,
+              lock: RunLock | None = None) -> RebalanceResult:
+    """One rebalance run (see the module). ``target`` is where drift is read (None: no
+    drift report). ``samples`` given (tests, the benchmark) skips the metrics store.
+    ``lock``: the run lock, already held by the caller (the CLI takes it before loading
+    anything, so a second run exits at once); without it an applying run takes its own.
+
+    Raises:
+        LockBusy: ``req.apply`` and another run holds the lock (nothing was read or done).
+        ConfigError: the rebalance and stall locks are the same file.
+    """
+    pol = policy or policy_of(site)
+    ctx = context_for(site)
+    lock_path = lock.path if lock is not None else Path(req.lock_file or pol.lock_file)
+    if lock_path == Path(ctx.stall.lock_file):
+        raise ConfigError(f"[rebalance] lock_file and [stall] lock_file are both {lock_path}: "
+                          "the requeue-stalled phase could never take its own lock")
+    budget = float(req.budget_s if req.budget_s is not None else pol.time_budget_s)
+    t0 = clock()
+    deadline = t0 + budget
+    own = RunLock(lock_path) if req.apply and lock is None else None
+    if own is not None:
+        own.acquire()  # LockBusy: the caller exits at once
+    try:
+        res = _run(backend, req, site, pol, target=target, samples=samples, now=now,
+                   output_probe=output_probe, env=env, clock=clock, deadline=deadline,
+                   budget=budget)
+    finally:
+        if own is not None:
+            own.release()
+    res.seconds = clock() - t0
+    return res
+
+
+def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalance, *,
+         target: Target | None, samples: Any, now: float | None,
+         output_probe: OutputProbe | None, env: Mapping[str, str] | None,
+         clock: Callable[[], float], deadline: float, budget: float) -> RebalanceResult:
+    from hetslurm.placement.model import ClusterModel
+    from hetslurm.placement.state import LiveState
+
+    now = time.time() if now is None else now
+    wanted = {"requeue-stalled": pol.requeue_stalled, "relax": pol.relax, "drift": pol.drift}
+    if req.phases is not None:
+        wanted = {p: p in req.phases for p in PHASES}
+    if target is None:
+        wanted["drift"] = False
+    res = RebalanceResult(applied=req.apply, budget_s=budget)
+    ctx = context_for(site)
+    log = ActionLog(req.action_log or pol.action_log or ctx.stall.action_log)
+
+    def out_of_time(phase: str) -> bool:
+        if clock() >= deadline:
+            res.skipped.append({"phase": phase, "why": "time budget"})
+            return True
+        return False
+
+    if wanted["requeue-stalled"] and not out_of_time("requeue-stalled"):
+        sreq = StallRequest(apply=req.apply, store=req.store,
+                            action_log=req.action_log or pol.action_log)
+        try:
+            res.stall = requeue_stalled(backend, sreq, site=site, samples=samples, now=now,
+                                        output_probe=output_probe, env=env)
+            res.problems.extend(f"requeue-stalled: {p}" for p in res.stall.problems)
+        except LockBusy as exc:
+            res.skipped.append({"phase": "requeue-stalled", "why": str(exc)})
+        except ActError as exc:
+            res.problems.append(f"requeue-stalled: {exc}")
+
+    if wanted["relax"] and not out_of_time("relax"):
+        # One read of the cluster for the decision; each edit re-reads its own job.
+        nodes = backend.nodes()
+        jobs = backend.jobs()
+        live = LiveState.from_backend(_Snapshot(nodes, jobs), now=now)
+        model = ClusterModel.from_site(site).with_state(live)
+        parts = {p.name: p.nodes for p in backend.partitions()}
+        plan, unjudged = plan_relax(jobs, site, pol, model, partitions=parts, now=now,
+                                    record_field=ctx.record_field,
+                                    record_key=ctx.record_key, deadline=deadline,
+                                    clock=clock)
+        res.relax = plan
+        res.skipped.extend({"phase": "relax", "job": j, "why": "time budget"}
+                           for j in unjudged)
+        if req.apply:
+            outcomes, late = apply_relax(backend, plan.decisions, log, now=now,
+                                         verify_timeout_s=pol.verify_timeout_s,
+                                         deadline=deadline, clock=clock)
+            res.relax_outcomes = outcomes
+            res.skipped.extend({"phase": "relax", "job": j, "why": "time budget"}
+                               for j in late)
+
+    if wanted["drift"] and target is not None and not out_of_time("drift"):
+        res.drift = drift(site, target)
+        if res.drift.error:
+            res.problems.append(f"drift: {res.drift.error}")
+
+    if req.apply:
+        log.append("run", {"t": now, "source": "rebalance",
+                           "seconds": round(clock() - (deadline - budget), 3),
+                           "stall_decisions": len(res.stall.decisions) if res.stall else None,
+                           "relax_decisions": len(res.relax.decisions) if res.relax else None,
+                           "relax_results": _count(o.result for o in res.relax_outcomes),
+                           "drift_changes": (len(res.drift.changes) if res.drift else None),
+                           "skipped": res.skipped})
+    return res
+
+
+def _count(values: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        out[v] = out.get(v, 0) + 1
+    return out

@@ -1,0 +1,535 @@
+"""Relax pending jobs that waited too long, when a relaxed request would start now.
+
+What a job asked is read from the hook's decision record (``hetslurm:{...}``, docs/hook.md):
+its canonical request (``req``), the fields the hook wrote (``set``) and those the job's
+own options kept (``kept``). What Slurm holds now is read from the job (``Features``,
+``Gres``, ``Prefer``, ``Switches``). Three edits are possible, all of them relaxing only
+(the job accepts at least what it accepted before; nothing is ever pinned to nodes):
+
+* ``switch-wait``: ``locality=switch`` was *preferred* and Slurm holds the job for one leaf
+  switch: the wait is set to 0 (``Switches=N@0``), so Slurm tries one leaf, then spans.
+* ``models``: the job's GPU feature list is narrower than its request's ranked list (the
+  hook narrowed it for ``energy=low``): widened back to the request's own (``Features=m1|m2``).
+  A narrowing to one model that the hook wrote as a typed gres (``gpu:a100:2``) cannot be
+  widened: Slurm 22.05 refuses to make a pending job's typed gres untyped (rule
+  ``typed-gres``, no edit).
+* ``prefer``: ``--prefer`` names models of that list (22.05 waits for a preferred feature
+  rather than fall back): it is dropped.
+
+The placement core decides, on the live state: the request as Slurm holds it must not fit
+now (else the job waits for something a wider request would not fix) and the relaxed one
+must. Each relaxation consumes what it would get, so two jobs are not promised the same
+GPUs. :func:`plan_relax` changes nothing; :func:`apply_relax` re-reads each job right before
+editing, skips it when anything changed, edits through the access layer, reads it back and
+logs every step in the action log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from hetslurm.act.log import ActionLog
+from hetslurm.act.stall import decision_record
+from hetslurm.errors import HetslurmError
+from hetslurm.slurm.backend import JobInfo, NotFoundError, SlurmBackend, Switches
+from hetslurm.slurm.units import GresItem
+
+if TYPE_CHECKING:
+    from hetslurm.placement.model import ClusterModel
+    from hetslurm.placement.place import Placement
+    from hetslurm.placement.request import Request
+    from hetslurm.site.model import Site
+    from hetslurm.site.schema import Rebalance
+
+#: Rules that only count in the summary (most pending jobs are not hetslurm's to relax).
+QUIET_RULES = ("no-record", "nothing-to-relax")
+#: What :func:`_ask` answers for a narrowing held in a typed GPU gres.
+TYPED = "typed-gres"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One relaxing change: ``field`` as ``scontrol update`` names it, old and new text."""
+
+    kind: str  # switch-wait, models, prefer
+    field: str  # Switches, Features, Gres, Prefer
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The fields an edit depends on, as read when deciding (compared before acting)."""
+
+    state: str
+    reason: str | None
+    name: str
+    restarts: int
+    features: str | None
+    prefer: str | None
+    gres: str
+    switches: str | None
+
+    @classmethod
+    def of(cls, job: JobInfo) -> Snapshot:
+        return cls(state=job.state, reason=job.reason, name=job.name, restarts=job.restarts,
+                   features=job.features, prefer=job.prefer, gres=_gres_text(job.tres_per_node),
+                   switches=_switch_text(job.switches))
+
+
+@dataclass(frozen=True)
+class RelaxDecision:
+    """One pending job judged. ``action`` is ``relax`` or ``none``; ``rule`` says why."""
+
+    job: str
+    job_id: int
+    name: str
+    user: str | None
+    partition: str | None
+    reason: str | None
+    waited_s: float | None
+    rule: str
+    action: str
+    detail: str
+    request: str | None = None
+    edits: tuple[Edit, ...] = ()
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    snapshot: Snapshot | None = None
+
+    def row(self) -> dict[str, Any]:
+        return {"job": self.job, "user": self.user,
+                "waited_s": None if self.waited_s is None else round(self.waited_s),
+                "rule": self.rule, "action": self.action,
+                "edits": ", ".join(f"{e.field}={e.new}" for e in self.edits),
+                "detail": self.detail}
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RelaxOutcome:
+    job: str
+    result: str  # done, skipped, failed, not-changed, started
+    detail: str = ""
+
+
+@dataclass
+class RelaxPlan:
+    decisions: list[RelaxDecision]
+    quiet: dict[str, int] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- reading
+def _gres_text(items: Iterable[GresItem]) -> str:
+    return ",".join(it.to_slurm() for it in items)
+
+
+def _switch_text(sw: Switches | None) -> str | None:
+    if sw is None:
+        return None
+    return f"{sw.count}@{sw.max_wait_s}" if sw.max_wait_s is not None else str(sw.count)
+
+
+def waited(job: JobInfo, now: float) -> float | None:
+    """Seconds the job has been eligible (else since submission); None when unknown."""
+    since = job.eligible_time or job.submit_time
+    return None if since is None else max(0.0, now - since.timestamp())
+
+
+def _or_models(features: str | None, known: Sequence[str]) -> tuple[str, ...] | None:
+    """The models of a plain OR of model features (``h100|a100``); None for anything else."""
+    if not features:
+        return None
+    words = features.split("|")
+    if any(w not in known for w in words):
+        return None
+    return tuple(words)
+
+
+def _gpu_items(job: JobInfo) -> list[int]:
+    return [i for i, it in enumerate(job.tres_per_node) if it.name == "gpu"]
+
+
+def current_models(job: JobInfo, site_models: Sequence[str]) -> tuple[str, ...] | None:
+    """GPU models Slurm may give the job now: its feature OR-list, else its typed gres;
+    ``()`` for any model; None when the job's constraint is not one hetslurm can read."""
+    gpu = _gpu_items(job)
+    if len(gpu) != 1:
+        return None
+    item = job.tres_per_node[gpu[0]]
+    if job.features:
+        listed = _or_models(job.features, site_models)
+        if listed is None or (item.type is not None and item.type not in listed):
+            return None
+        return (item.type,) if item.type else listed
+    return (item.type,) if item.type else ()
+
+
+def prefer_models(job: JobInfo, allowed: Sequence[str]) -> tuple[str, ...] | None:
+    """The models ``--prefer`` names when it names only models of ``allowed``; else None."""
+    if not job.prefer:
+        return None
+    words = [w for w in job.prefer.replace("&", "|").split("|") if w]
+    if not words or any(w not in allowed for w in words):
+        return None
+    return tuple(words)
+
+
+# ----------------------------------------------------------------------------- deciding
+@dataclass(frozen=True)
+class _Ask:
+    """A job's request two ways: as Slurm holds it, and relaxed; the edits between them."""
+
+    held: Request
+    relaxed: Request
+    edits: tuple[Edit, ...]
+    kept: tuple[str, ...]
+
+
+def _ask(job: JobInfo, req: Request, rec: Mapping[str, Any], site: Site,
+         kinds: Sequence[str]) -> _Ask | str:
+    """What could be relaxed, or a one-line reason why nothing can."""
+    kept = tuple(k for k in str(rec.get("kept", "")).split(",") if k)
+    edits: list[Edit] = []
+    held, relaxed = req, req
+    loc = req.locality
+    site_models = site.gpu_models()
+    blocked: list[str] = []
+    typed = False
+    # Switch wait: only when the request said "preferred" and Slurm still holds the job.
+    if "switch-wait" in kinds and loc.switch == "preferred" and req.nodes > 1:
+        sw = job.switches
+        if "req_switch" in kept:
+            blocked.append("the job's own --switches was kept")
+        elif sw is not None and sw.count >= 1 and (sw.max_wait_s is None or sw.max_wait_s > 0):
+            held = replace(held, locality=replace(held.locality, switch="required"))
+            relaxed = replace(relaxed, locality=replace(relaxed.locality, switch="preferred"))
+            edits.append(Edit("switch-wait", "Switches", _switch_text(sw) or "",
+                              f"{sw.count}@0"))
+    # Model list: the request's own ranked list against what Slurm allows now.
+    wanted = req.gpu_models
+    if req.gpus_per_node and len(wanted) > 1:
+        now_models = current_models(job, site_models)
+        prefer = prefer_models(job, wanted)
+        if "models" in kinds:
+            if {"features", "tres_per_node"} & set(kept):
+                blocked.append("the job's own --constraint/--gres was kept")
+            elif now_models and set(now_models) < set(wanted):
+                item = job.tres_per_node[_gpu_items(job)[0]]
+                if item.type is not None:
+                    # Slurm 22.05 refuses to turn a pending job's typed GPU gres untyped
+                    # ("Invalid GRES specification (with and without type identification)",
+                    # measured on the testbed, also in two steps); a typed one-model
+                    # narrowing cannot be widened in place.
+                    typed = True
+                else:
+                    held = replace(held, gpu_models=tuple(m for m in wanted
+                                                          if m in now_models))
+                    relaxed = replace(relaxed, gpu_models=wanted)
+                    edits.append(Edit("models", "Features", job.features or "",
+                                      "|".join(wanted)))
+        if "prefer" in kinds and prefer is not None:
+            base = held.gpu_models or wanted
+            narrowed = tuple(m for m in base if m in prefer)
+            if narrowed:
+                held = replace(held, gpu_models=narrowed)
+                edits.append(Edit("prefer", "Prefer", job.prefer or "", ""))
+    if not edits:
+        if typed:
+            return TYPED
+        return "; ".join(blocked) if blocked else "nothing to relax"
+    return _Ask(held, relaxed, tuple(edits), kept)
+
+
+def _partition_model(model: ClusterModel, backend_parts: Mapping[str, tuple[str, ...]],
+                     partition: str | None) -> ClusterModel:
+    """``model`` with nodes outside the job's partition(s) unavailable."""
+    if not partition:
+        return model
+    import numpy as np
+
+    from hetslurm.placement.model import StateArrays
+
+    allowed: set[str] = set()
+    for p in partition.split(","):
+        allowed.update(backend_parts.get(p, ()))
+    if not allowed:
+        return model
+    st = model.state
+    avail = np.array(st.available, dtype=np.uint8)
+    for i, name in enumerate(model.names):
+        if name not in allowed:
+            avail[i] = 0
+    return model.with_arrays(StateArrays(avail, st.gpu_free, st.fpga_free, st.core_free,
+                                         st.mem_free_mib, st.free_at, time=st.time))
+
+
+def consume(model: ClusterModel, placement: Placement, request: Request) -> ClusterModel:
+    """``model`` with what ``placement`` would take marked busy (devices, cores, memory)."""
+    import numpy as np
+
+    from hetslurm.placement.model import StateArrays
+
+    st = model.state
+    gpu_free = np.array(st.gpu_free)
+    fpga_free = np.array(st.fpga_free)
+    core_free = np.array(st.core_free)
+    mem_free = np.array(st.mem_free_mib)
+    for npl in placement.nodes:
+        i = model.node_index(npl.name)
+        for g in npl.gpus:
+            gpu_free[int(model.gpu_offsets[i]) + g] = 0
+        for f in npl.fpgas:
+            fpga_free[int(model.fpga_offsets[i]) + f] = 0
+        for c in npl.cores:
+            core_free[int(model.core_offsets[i]) + c] = 0
+        mem = request.mem_per_node_mib
+        if mem is None:
+            mem = request.cores_per_node * (model.def_mem_per_cpu_mib or 0)
+        mem_free[i] = max(0, int(mem_free[i]) - mem)
+    return model.with_arrays(StateArrays(st.available, gpu_free, fpga_free, core_free,
+                                         mem_free, st.free_at, time=st.time))
+
+
+def plan_relax(jobs: Sequence[JobInfo], site: Site, policy: Rebalance, model: ClusterModel, *,
+               partitions: Mapping[str, tuple[str, ...]] | None = None,
+               now: float | None = None, record_field: str = "admin_comment",
+               record_key: str = "hetslurm",
+               deadline: float | None = None,
+               clock: Callable[[], float] = time.monotonic) -> tuple[RelaxPlan, list[str]]:
+    """Judge every pending job; changes nothing. Returns the plan and the ids of jobs left
+    unjudged because ``deadline`` (on ``clock``) passed."""
+    from hetslurm.errors import PlacementError
+    from hetslurm.placement.place import place
+    from hetslurm.placement.request import parse_request, resolve
+
+    now = time.time() if now is None else now
+    parts = partitions or {}
+    pending = [j for j in jobs if j.state == "PENDING"]
+    # Longest waiting first: they get the free devices first, as Slurm's age factor would.
+    pending.sort(key=lambda j: (-(waited(j, now) or 0.0), j.job_id))
+    out: list[RelaxDecision] = []
+    quiet: dict[str, int] = {}
+    skipped: list[str] = []
+    parsed: dict[str, Request | str] = {}
+    relaxed_n = 0
+    models: dict[str | None, ClusterModel] = {}
+
+    def count(rule: str) -> None:
+        quiet[rule] = quiet.get(rule, 0) + 1
+
+    for j in pending:
+        if deadline is not None and clock() >= deadline:
+            skipped.append(j.display_id)
+            continue
+        rec = decision_record(j, record_field, record_key)
+        text = rec.get("req")
+        if (not rec or not isinstance(text, str) or rec.get("outcome") != "rewrite"
+                or rec.get("mode", "enforce") != "enforce"):
+            count("no-record")
+            continue
+
+        def decide(rule: str, action: str, detail: str, *, j: JobInfo = j, text: str = text,
+                   edits: tuple[Edit, ...] = (), evidence: Mapping[str, Any] | None = None
+                   ) -> RelaxDecision:
+            return RelaxDecision(
+                job=j.display_id, job_id=j.job_id, name=j.name, user=j.user,
+                partition=j.partition, reason=j.reason, waited_s=waited(j, now), rule=rule,
+                action=action, detail=detail, request=text, edits=edits,
+                evidence=evidence or {}, snapshot=Snapshot.of(j))
+
+        if text not in parsed:
+            try:
+                parsed[text] = resolve(parse_request(text), site)
+            except (PlacementError, ValueError) as exc:
+                parsed[text] = str(exc)
+        req = parsed[text]
+        if isinstance(req, str):
+            out.append(decide("bad-record", "none", f"the record's request does not resolve: "
+                              f"{req}"))
+            continue
+        ask = _ask(j, req, rec, site, policy.relax_kinds)
+        w = waited(j, now)
+        if ask == TYPED and w is not None and w >= policy.pending_limit_s:
+            out.append(decide(TYPED, "none", "the GPU list was narrowed to one model in a "
+                              "typed gres, which Slurm 22.05 cannot make untyped on a pending "
+                              "job; not widened"))
+            continue
+        if isinstance(ask, str):
+            count("nothing-to-relax")
+            continue
+        if w is None or w < policy.pending_limit_s:
+            out.append(decide("not-long-enough", "none",
+                              f"waited {0 if w is None else round(w)}s < "
+                              f"{policy.pending_limit_s}s", edits=ask.edits))
+            continue
+        reason = j.reason or "None"
+        if reason not in policy.pending_reasons:
+            out.append(decide("pending-reason", "none", f"pending for {reason}, not one of "
+                              f"{', '.join(policy.pending_reasons)}", edits=ask.edits))
+            continue
+        if j.array_task_spec is not None or j.het_job_id:
+            out.append(decide("array-or-het", "none", "an array's pending remainder or a "
+                              "heterogeneous component is not edited", edits=ask.edits))
+            continue
+        if relaxed_n >= policy.max_relax_per_run:
+            out.append(decide("run-limit", "none", f"max_relax_per_run "
+                              f"({policy.max_relax_per_run}) reached", edits=ask.edits))
+            continue
+        if j.partition not in models:
+            models[j.partition] = _partition_model(model, parts, j.partition)
+        m = models[j.partition]
+        try:
+            held_p = place(m, ask.held)
+            relaxed_p = place(m, ask.relaxed)
+        except PlacementError as exc:
+            out.append(decide("bad-record", "none", f"placement refused the request: {exc}",
+                              edits=ask.edits))
+            continue
+        ev = {"held": _brief(held_p), "relaxed": _brief(relaxed_p)}
+        if held_p.placeable:
+            out.append(decide("fits-as-is", "none", "the request as held fits now: it waits "
+                              "for something a wider request would not change",
+                              edits=ask.edits, evidence=ev))
+            # Slurm is about to start it there: not free for the next job either.
+            model = consume(model, held_p, ask.held)
+            models = {}
+            continue
+        if not relaxed_p.placeable:
+            out.append(decide("would-not-start", "none", "the relaxed request would not start "
+                              f"now either ({relaxed_p.blocking})", edits=ask.edits,
+                              evidence=ev))
+            continue
+        out.append(decide("relax", "relax", f"would start now on {relaxed_p.nodelist}",
+                          edits=ask.edits, evidence=ev))
+        relaxed_n += 1
+        # What it would get is no longer free for the next job, in every partition's view.
+        model = consume(model, relaxed_p, ask.relaxed)
+        models = {}
+    return RelaxPlan(out, quiet), skipped
+
+
+def _brief(p: Placement) -> dict[str, Any]:
+    return {"placeable": p.placeable, "nodelist": p.nodelist, "blocking": p.blocking,
+            "gpus": {n.name: list(n.gpus) for n in p.nodes}, "reason": p.reason}
+
+
+# ----------------------------------------------------------------------------- acting
+def _changed(d: RelaxDecision, fresh: JobInfo) -> str | None:
+    snap = d.snapshot
+    assert snap is not None
+    now = Snapshot.of(fresh)
+    if now.name != snap.name:
+        # The listing (JSON) and the single read (scontrol -o) disagree: a name holding
+        # Key=value text or a newline can forge fields of the one-line record.
+        return "the job's record reads differently now (name); not trusted"
+    if now.state != "PENDING":
+        return f"now {now.state}"
+    if (now.reason or "").startswith("JobHeld"):
+        return f"now held ({now.reason})"
+    for f in ("restarts", "features", "prefer", "gres", "switches"):
+        if getattr(now, f) != getattr(snap, f):
+            # Either the job was edited, or a newline in its comment cut the one-line
+            # record short: both mean "do not touch it".
+            return (f"{f} changed meanwhile or reads differently ({getattr(snap, f)!r} -> "
+                    f"{getattr(now, f)!r})")
+    return None
+
+
+def _update_args(edits: Sequence[Edit], job: JobInfo) -> dict[str, Any]:
+    args: dict[str, Any] = {}
+    for e in edits:
+        if e.field == "Switches":
+            count = job.switches.count if job.switches is not None else 1
+            args["switches"] = Switches(count, 0)
+        elif e.field == "Features":
+            args["features"] = e.new
+        elif e.field == "Prefer":
+            args["prefer"] = e.new
+    return args
+
+
+def _shows(edits: Sequence[Edit], job: JobInfo) -> bool:
+    snap = Snapshot.of(job)
+    for e in edits:
+        if e.field == "Switches" and (job.switches is not None
+                                      and job.switches.max_wait_s not in (0, None)):
+            return False
+        if e.field == "Features" and snap.features != e.new:
+            return False
+        if e.field == "Prefer" and (snap.prefer or "") != e.new:
+            return False
+    return True
+
+
+def apply_relax(backend: SlurmBackend, decisions: Sequence[RelaxDecision], log: ActionLog, *,
+                now: float, verify_timeout_s: float = 10.0, deadline: float | None = None,
+                clock: Callable[[], float] = time.monotonic,
+                sleep: Callable[[float], None] = time.sleep
+                ) -> tuple[list[RelaxOutcome], list[str]]:
+    """Log every decision; edit the ``relax`` ones. One job's failure never stops the
+    others. Returns the outcomes and the jobs not started because ``deadline`` passed."""
+    outcomes: list[RelaxOutcome] = []
+    skipped: list[str] = []
+    for d in decisions:
+        if d.action == "relax" and deadline is not None and clock() >= deadline:
+            skipped.append(d.job)
+            continue
+        try:
+            log.append("decision", {"t": now, "source": "rebalance", "phase": "relax",
+                                    **d.to_dict()})
+            if d.action != "relax":
+                continue
+            outcomes.append(_relax_one(backend, d, log, now, verify_timeout_s, sleep))
+        except Exception as exc:  # one job's failure never stops the others
+            detail = f"{type(exc).__name__}: {exc}"
+            with contextlib.suppress(HetslurmError):
+                log.append("action", {"t": now, "source": "rebalance", "job": d.job,
+                                      "job_id": d.job_id, "action": "relax",
+                                      "result": "failed", "detail": detail})
+            outcomes.append(RelaxOutcome(d.job, "failed", detail))
+    return outcomes, skipped
+
+
+def _relax_one(backend: SlurmBackend, d: RelaxDecision, log: ActionLog, now: float,
+               verify_timeout_s: float, sleep: Callable[[float], None]) -> RelaxOutcome:
+    def record(result: str, detail: str) -> RelaxOutcome:
+        log.append("action", {"t": now, "source": "rebalance", "job": d.job,
+                              "job_id": d.job_id, "action": "relax", "result": result,
+                              "detail": detail,
+                              "edits": [asdict(e) for e in d.edits]})
+        return RelaxOutcome(d.job, result, detail)
+
+    # Re-read right before editing: the job may have started, been held or edited since.
+    try:
+        fresh = backend.job(d.job)
+    except NotFoundError:
+        return record("skipped", "the job is gone")
+    why = _changed(d, fresh)
+    if why is not None:
+        return record("skipped", why)
+    backend.update_job(d.job, **_update_args(d.edits, fresh))
+    deadline = time.monotonic() + verify_timeout_s
+    seen = "?"
+    while True:
+        try:
+            j = backend.job(d.job)
+        except NotFoundError:
+            return record("not-changed", "the job vanished after the edit")
+        seen = (f"state {j.state}, features {j.features!r}, gres "
+                f"{_gres_text(j.tres_per_node)!r}, prefer {j.prefer!r}, switches "
+                f"{_switch_text(j.switches)!r}")
+        if j.state in ("RUNNING", "CONFIGURING", "COMPLETING", "COMPLETED"):
+            return record("done", f"started: {seen}")
+        if j.state != "PENDING":
+            return record("not-changed", seen)
+        if _shows(d.edits, j):
+            return record("done", seen)
+        if time.monotonic() >= deadline:
+            return record("not-changed", seen)
+        sleep(0.5)
