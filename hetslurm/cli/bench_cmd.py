@@ -87,7 +87,7 @@ def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
               help="Queue depths (held jobs) for the controller figures.")
 @click.option("--jobs", type=click.IntRange(10, 10_000), default=100, show_default=True,
               help="Submissions per measurement round.")
-@click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
+@click.option("--rounds", type=click.IntRange(1, 20), default=5, show_default=True,
               help="Rounds per depth, alternating with and without the hook.")
 @format_option
 def bench_hook_cmd(site_file: str | None, calls: int, no_testbed: bool, depths: str, jobs: int,

@@ -139,7 +139,7 @@ def _pending(env: dict[str, str]) -> int:
 
 
 def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 5000),
-                  jobs_per_round: int = 100, rounds: int = 3,
+                  jobs_per_round: int = 100, rounds: int = 5,
                   log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """slurmctld's mean submit time with/without the hook at each queue depth."""
     from hetslurm.testbed.cluster import Testbed
@@ -220,7 +220,7 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
 
 def bench_hook(site_path: str | Path, *, calls: int = 20_000, testbed: bool = True,
                depths: tuple[int, ...] = (0, 1000, 5000), jobs_per_round: int = 100,
-               rounds: int = 3, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+               rounds: int = 5, log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The whole benchmark as one JSON-able document (see docs/hook.md)."""
     out: dict[str, Any] = {"site": str(site_path)}
     out.update(bench_in_process(site_path, calls))
