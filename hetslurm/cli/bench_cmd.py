@@ -156,20 +156,33 @@ def bench_placement_cmd(sizes: str, no_alibaba: bool, calls: int, reference_call
               help="Simulator assumptions.")
 @click.option("--jobs", "limit", type=click.IntRange(1), default=None,
               help="First N jobs of each trace [default: all].")
+@click.option("--load", "load_specs", multiple=True, metavar="TRACE=LOAD",
+              help="Replay TRACE (alibaba, philly) at LOAD instead of its default "
+                   "(repeat for several loads).")
 @format_option
 def bench_simulate_cmd(site_file: str, params_file: str, limit: int | None,
-                       output_format: str) -> None:
+                       load_specs: tuple[str, ...], output_format: str) -> None:
     """Replay speed of `hetslurm simulate` per policy on the Alibaba and Philly traces.
 
     JSON entries: trace, policy, load, jobs, dropped, seconds, jobs_per_s, mean_queue_depth,
-    scheduling_passes, reservations (docs/simulate.md).
+    scheduling_passes, reservations, core_calls, core_builds (docs/simulate.md).
     """
     from hetslurm.simulate.bench import bench_simulate
     from hetslurm.simulate.params import load_params
     from hetslurm.site.load import load_site
 
+    loads: dict[str, list[float]] = {}
+    for spec in load_specs:
+        name, sep, value = spec.partition("=")
+        try:
+            loads.setdefault(name.strip(), []).append(float(value))
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise click.BadParameter(f"{spec!r} is not TRACE=LOAD", param_hint="--load")
     rows = bench_simulate(load_site(site_file), load_params(params_file),
-                          policies=("slurm-default", "hetslurm"), limit=limit)
+                          policies=("slurm-default", "hetslurm"), limit=limit,
+                          loads=loads or None)
     emit(rows, output_format, title="simulate benchmark", document=rows)
 
 

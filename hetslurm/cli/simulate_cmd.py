@@ -1,6 +1,12 @@
-"""``hetslurm simulate``: replay a real trace under each policy (docs/simulate.md)."""
+"""``hetslurm simulate``: replay a real trace under each policy, or check the simulator against
+the testbed with ``--validate`` (docs/simulate.md)."""
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import click
 
@@ -9,16 +15,23 @@ from hetslurm.cli.output import emit, format_option
 _ROW_KEYS = ("policy", "load", "jobs", "unfinished", "mean_wait_s", "median_wait_s",
              "p95_wait_s", "mean_jct_s", "completions_per_h_saturated", "mean_queue_depth",
              "energy_kwh", "seconds")
+_DEFAULT_WORKLOAD = "site-configs/validate-workload.toml"
+
+
+def _default_workload() -> str:
+    """The committed workload beside the package (a checkout), else relative to the cwd."""
+    here = Path(__file__).resolve().parents[2] / _DEFAULT_WORKLOAD
+    return str(here) if here.exists() else _DEFAULT_WORKLOAD
 
 
 @click.command("simulate")
-@click.option("--site", "site_file", required=True, type=click.Path(dir_okay=False),
+@click.option("--site", "site_file", default=None, type=click.Path(dir_okay=False),
               help="Site file (e.g. site-configs/case-study.toml).")
-@click.option("--trace", "trace_file", required=True, type=click.Path(dir_okay=False),
+@click.option("--trace", "trace_file", default=None, type=click.Path(dir_okay=False),
               help="Trace file (see $HETSLURM_TRACES, docs/simulate.md).")
-@click.option("--trace-format", required=True,
+@click.option("--trace-format", default=None,
               type=click.Choice(("alibaba", "philly", "gavel", "swf")), help="Trace format.")
-@click.option("--params", "params_file", required=True, type=click.Path(dir_okay=False),
+@click.option("--params", "params_file", default=None, type=click.Path(dir_okay=False),
               help="Assumptions file (site-configs/simulate-params.toml).")
 @click.option("--policy", "policies", multiple=True,
               type=click.Choice(("slurm-default", "hetslurm")),
@@ -31,16 +44,59 @@ _ROW_KEYS = ("policy", "load", "jobs", "unfinished", "mean_wait_s", "median_wait
               help="Replay at most this many jobs from --first [default: all].")
 @click.option("--plot", "plot_dir", default=None, type=click.Path(file_okay=False),
               help="Write wait CDF, wait vs load and GPUs busy over time (PNG) here.")
+@click.option("--validate", "workload_file", is_flag=False, flag_value=_DEFAULT_WORKLOAD,
+              default=None, type=click.Path(dir_okay=False),
+              help="Replay a committed workload on the testbed and in the simulator and "
+                   f"compare (default workload: {_DEFAULT_WORKLOAD}); needs root.")
+@click.option("--dir", "testbed_dir", default=None, type=click.Path(file_okay=False),
+              help="--validate: the testbed's state folder (short path) [default: a new "
+                   "hsv* folder in $TMPDIR, removed after].")
+@click.option("--sim-only", is_flag=True,
+              help="--validate: the simulator's side only (no testbed).")
+@click.option("--speed-exponent", default=1.0, show_default=True,
+              type=click.FloatRange(min=0),
+              help="Raise every [speeds] value of --params to this power (0: all models "
+                   "equally fast; 2: every speed ratio squared): the speed sensitivity "
+                   "sweep of docs/evidence.md.")
 @format_option
-def simulate(site_file: str, trace_file: str, trace_format: str, params_file: str,
-             policies: tuple[str, ...], loads: tuple[float, ...], first: int,
-             limit: int | None, plot_dir: str | None, output_format: str) -> None:
+def simulate(site_file: str | None, trace_file: str | None, trace_format: str | None,
+             params_file: str | None, policies: tuple[str, ...], loads: tuple[float, ...],
+             first: int, limit: int | None, plot_dir: str | None, workload_file: str | None,
+             testbed_dir: str | None, sim_only: bool, speed_exponent: float,
+             output_format: str) -> None:
     """Replay a trace through Slurm's FCFS + EASY backfill as each policy configures it.
 
     Prints one row per policy and load (waits in seconds, energy in kWh) and, with
     --format json, the full measures, a summary per policy (highest load with bounded mean
-    wait, ratios to slurm-default) and what was dropped. Progress goes to stderr.
+    wait, ratios to slurm-default) and what was dropped. A progress bar goes to stderr.
+
+    With --validate [WORKLOAD] it replays the committed workload on the local testbed
+    (sbatch, #HET directives for hetslurm) and in the simulator, and prints per policy
+    mean wait and makespan of both, their difference and whether it is within the
+    workload's target; exit status 1 when a figure misses it.
     """
+    chosen = policies or ("slurm-default", "hetslurm")
+    if workload_file is not None:
+        given = [name for name, v in (("--site", site_file), ("--trace", trace_file),
+                                      ("--trace-format", trace_format),
+                                      ("--params", params_file), ("--plot", plot_dir))
+                 if v is not None] + (["--load"] if loads else []) + (
+                     ["--first"] if first else []) + (
+                     ["--speed-exponent"] if speed_exponent != 1.0 else [])
+        if given:
+            raise click.UsageError(f"{', '.join(given)}: not with --validate (the workload "
+                                   "file fixes the site, parameters and jobs)")
+        path = _default_workload() if workload_file == _DEFAULT_WORKLOAD else workload_file
+        _validate(path, chosen, limit, testbed_dir, sim_only, output_format)
+        return
+    if testbed_dir is not None or sim_only:
+        raise click.UsageError("--dir and --sim-only go with --validate")
+    missing = [name for name, v in (("--site", site_file), ("--trace", trace_file),
+                                    ("--trace-format", trace_format),
+                                    ("--params", params_file)) if v is None]
+    if missing:
+        raise click.UsageError(f"missing {', '.join(missing)} (or use --validate)")
+    assert site_file and trace_file and trace_format and params_file
     from hetslurm.simulate.params import load_params
     from hetslurm.simulate.run import simulate as run_simulation
     from hetslurm.simulate.traces import read_trace
@@ -48,26 +104,89 @@ def simulate(site_file: str, trace_file: str, trace_format: str, params_file: st
 
     site = load_site(site_file)
     params = load_params(params_file)
+    if speed_exponent != 1.0:
+        params = params.with_speed_exponent(speed_exponent)
     trace = read_trace(trace_file, trace_format)
-    chosen = policies or ("slurm-default", "hetslurm")
-    last: dict[str, int] = {}
-
-    def progress(policy: str, done: int, total: int) -> None:
-        step = max(total // 10, 1)
-        if done // step != last.get(policy, -1):
-            last[policy] = done // step
-            click.echo(f"simulate: {policy}: {done}/{total} jobs done", err=True)
-
-    result = run_simulation(site, trace, params, policies=chosen, loads=loads or (1.0,),
-                            first=first, limit=limit, progress=progress)
+    swept = loads or (1.0,)
+    with progress_bar() as bar:
+        result = run_simulation(site, trace, params, policies=chosen, loads=swept,
+                                first=first, limit=limit, progress=_by_load(bar, swept))
     if plot_dir is not None:
         from hetslurm.simulate.plots import write_plots
 
-        for path in write_plots(result, plot_dir):
-            click.echo(f"simulate: wrote {path}", err=True)
+        for written in write_plots(result, plot_dir):
+            click.echo(f"simulate: wrote {written}", err=True)
     rows = [{k: _round(r.get(k)) for k in _ROW_KEYS} for r in result.rows]
     emit(rows, output_format, title=f"simulate {trace_format} on {site.name}",
          document=result.to_dict())
+
+
+def _validate(path: str, policies: tuple[str, ...], limit: int | None,
+              testbed_dir: str | None, sim_only: bool, output_format: str) -> None:
+    from hetslurm.simulate.validate import validate
+
+    def log(msg: str) -> None:
+        click.echo(f"simulate --validate: {msg}", err=True)
+
+    with progress_bar() as progress:
+        result = validate(path, policies=policies, jobs=limit, testbed_dir=testbed_dir,
+                          sim_only=sim_only, progress=progress, log=log)
+    emit(result.rows, output_format, title=f"simulate --validate {path}",
+         document=result.to_dict())
+    if not result.passed:
+        sys.exit(1)
+
+
+def _by_load(bar: Callable[[str, int, int], None] | None,
+             loads: tuple[float, ...]) -> Callable[[str, int, int], None] | None:
+    """Label each replay's bar with its policy and load: a policy's replays run in the
+    order of ``loads``, and its count of finished jobs goes back when the next one starts."""
+    if bar is None:
+        return None
+    state: dict[str, tuple[int, int]] = {}  # policy -> (index into loads, last count)
+
+    def tick(policy: str, done: int, total: int) -> None:
+        k, last = state.get(policy, (0, -1))
+        if done < last:
+            k = min(k + 1, len(loads) - 1)
+        state[policy] = (k, done)
+        bar(f"{policy} load {loads[k]:g}", done, total)
+
+    return tick
+
+
+@contextmanager
+def progress_bar() -> Iterator[Callable[[str, int, int], None] | None]:
+    """A rich progress bar on stderr, one task per label (``None`` when stderr is not a
+    terminal: nothing is printed then)."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskID,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    tasks: dict[str, TaskID] = {}
+    last: dict[str, int] = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True)) as prog:
+
+        def update(label: str, done: int, total: int) -> None:
+            # A count that goes back is the next replay of the same label (the next load).
+            if label not in tasks or done < last[label]:
+                runs = sum(1 for k in tasks if k == label or k.startswith(label + " #"))
+                key = label if not runs else f"{label} #{runs + 1}"
+                tasks[label] = prog.add_task(key, total=total)
+            last[label] = done
+            prog.update(tasks[label], completed=done, total=total)
+
+        yield update
 
 
 def _round(value: object) -> object:

@@ -567,11 +567,12 @@ class ClusterModel:
             self._cache["core"] = cached
         return cached
 
-    def new_core(self) -> PlacementCore:
-        """A fresh core with its own copy of the state (batch placement consumes it)."""
+    def new_core(self, state: StateArrays | None = None) -> PlacementCore:
+        """A fresh core with its own copy of the state (batch placement consumes it), or of
+        ``state`` (trusted: the replay's own arrays, of this model's shapes and dtypes)."""
         from hetslurm.placement._load import load_core
 
-        s = self.state
+        s = self.state if state is None else state
         return load_core().PlacementCore(
             cores_total=self.cores_total,
             mem_total=self.mem_total_mib,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from hetslurm.errors import ConfigError
 from hetslurm.placement.model import ClusterModel
 from hetslurm.simulate.engine import replay
 from hetslurm.simulate.params import Params
@@ -27,23 +28,35 @@ DEFAULT_RUNS = (
 def bench_simulate(site: Site, params: Params, *, policies: Sequence[str],
                    limit: int | None = None,
                    runs: Sequence[tuple[str, str, str, float]] = DEFAULT_RUNS,
+                   loads: Mapping[str, Sequence[float]] | None = None,
                    ) -> list[dict[str, Any]]:
-    """Time one replay per trace and policy (job preparation excluded).
+    """Time one replay per trace, load and policy (job preparation excluded).
+
+    ``loads`` replaces a run's load by the given ones, by trace name (``{"philly": [0.1,
+    0.2]}``); traces it does not name keep their default load.
 
     Raises:
         TraceError: ``$HETSLURM_TRACES`` lacks a trace.
+        ConfigError: ``loads`` names a trace the runs lack, or a load <= 0.
     """
+    names = {r[0] for r in runs}
+    for name, xs in (loads or {}).items():
+        if name not in names:
+            raise ConfigError(f"no benchmark trace '{name}'; traces: {', '.join(sorted(names))}")
+        if not xs or any(x <= 0 for x in xs):
+            raise ConfigError(f"loads for '{name}' must be > 0")
     root = traces_dir()
     base = ClusterModel.from_site(site)
     out: list[dict[str, Any]] = []
-    for name, rel, fmt, load in runs:
+    for name, rel, fmt, default_load in runs:
         path = Path(root) / rel
         if not path.is_file():
             raise TraceError(f"{path}: trace missing (set HETSLURM_TRACES)")
         trace = read_trace(path, fmt)
         sample = trace.jobs[:limit]
         jobs, dropped = build_jobs(sample, fmt, site, params, policies)
-        for p in policies:
+        for load, p in ((x, p) for x in (loads or {}).get(name, (default_load,))
+                        for p in policies):
             model = node_weights(base, params.policies[p])
             parts = {n: partition_nodes(site, model, n) for n in {j.partition for j in jobs[p]}}
             began = time.perf_counter()
@@ -57,5 +70,7 @@ def bench_simulate(site: Site, params: Params, *, policies: Sequence[str],
                 "mean_queue_depth": round(res.stats.queue_area / span, 3),
                 "scheduling_passes": res.stats.passes,
                 "reservations": res.stats.reservations,
+                "core_calls": res.stats.core_calls,
+                "core_builds": res.stats.core_builds,
             })
     return out

@@ -8,9 +8,10 @@ code holds no defaults for them. Unknown keys are refused with the file, the key
 from __future__ import annotations
 
 import difflib
+import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,23 @@ class Params:
     backfill_depth: int
     policies: Mapping[str, PolicyParams]
     bounded_mean_wait_s: float
+
+    def with_speed_exponent(self, exponent: float) -> Params:
+        """The same assumptions with every ``[speeds]`` value raised to ``exponent``.
+
+        Every ratio between two models' speeds is raised to the same power: 0 makes all
+        models equally fast, 1 keeps the file's speeds, 2 squares each ratio. The
+        sensitivity sweep of docs/evidence.md varies it. Gavel traces are unaffected (their
+        runtimes come from Gavel's table, not from ``[speeds]``).
+
+        Raises:
+            ConfigError: ``exponent`` is negative or not finite.
+        """
+        if not math.isfinite(exponent) or exponent < 0:
+            raise ConfigError(f"speed exponent {exponent!r} must be a finite number >= 0")
+        speeds = {cls: {m: v ** exponent for m, v in row.items()}
+                  for cls, row in self.speeds.items()}
+        return replace(self, speeds=speeds)
 
     def speed(self, cls: str, model: str) -> float:
         """Relative speed of ``model`` for class ``cls``.

@@ -238,3 +238,63 @@ def test_cpu_job_wider_than_a_node_spans_nodes(toy: Site, params: Params) -> Non
     assert dropped == {"fractional": 0, "oversize": 0}
     kr = built["slurm-default"][0].kr
     assert (kr.nodes, kr.cores) == (3, 4)
+
+
+def test_speed_exponent_raises_every_ratio(toy: Site, params: Params) -> None:
+    # Exponent 0: every model equally fast; 2: every ratio squared; the runtime on a model
+    # is duration x (speed[ref] / speed[m]) ** exponent (ref = p100 for Philly).
+    flat, square = params.with_speed_exponent(0), params.with_speed_exponent(2)
+    assert flat.speed("vision", "v100") == flat.speed("vision", "k80") == 1.0
+    assert square.speed("vision", "v100") == pytest.approx(6.59 ** 2)
+    assert params.with_speed_exponent(1).speeds == params.speeds
+    c = classify(TraceJob("j", 0, 100.0, 1), params)
+    assert c is not None
+    models = ("v100", "k80")
+    base = runtimes(c, "philly", models, params)
+    sq = runtimes(c, "philly", models, square)
+    assert sq[1] == pytest.approx(100 * (4.99 / 1.0) ** 2)
+    assert sq[0] / 100 == pytest.approx((base[0] / 100) ** 2)
+    assert runtimes(c, "philly", models, flat) == {0: 100.0, 1: 100.0}
+    with pytest.raises(ConfigError, match="must be a finite number >= 0"):
+        params.with_speed_exponent(-1)
+
+
+def test_cli_speed_exponent(toy: Site, tmp_path: Path) -> None:
+    trace = tmp_path / "philly.csv"
+    trace.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n" + "".join(
+        f"2017-10-09 07:{10 * i:02d}:00,{300 + 10 * i},1,0,a\n" for i in range(6)))
+    params = tmp_path / "p.toml"
+    params.write_text(SHIPPED.read_text().replace(
+        "untyped_shares = { vision = 0.396, language = 0.379, recommendation = 0.191, rl = 0.035 }",
+        "untyped_shares = { vision = 1.0 }"))
+    args = ["simulate", "--site", toy.path, "--trace", str(trace), "--trace-format", "philly",
+            "--params", str(params), "--policy", "slurm-default", "--format", "json"]
+    jct = {}
+    for e in ("0", "1"):
+        r = CliRunner().invoke(cli, [*args, "--speed-exponent", e])
+        assert r.exit_code == 0, r.output
+        jct[e] = json.loads(r.stdout)["rows"][0]["mean_jct_s"]
+    # One vision job every 10 minutes, none waits: it runs on the toy's first node (V100)
+    # for duration x 4.99 / 6.59 (P100 is Philly's reference model), or for its duration
+    # with exponent 0.
+    assert jct["0"] == pytest.approx(sum(300 + 10 * i for i in range(6)) / 6)
+    assert jct["1"] == pytest.approx(jct["0"] * 4.99 / 6.59)
+    bad = CliRunner().invoke(cli, [*args, "--speed-exponent", "-1"])
+    assert bad.exit_code == 2
+
+
+ALIBABA_SITE = ROOT / "site-configs" / "alibaba-openb.toml"
+
+
+def test_alibaba_layout_has_a_speed_for_every_class_and_model() -> None:
+    site = load_site(ALIBABA_SITE)
+    params = load_params(SHIPPED)
+    assert set(site.gpu_models()) == {"v100m32", "v100m16", "g3", "g2", "p100", "a10", "t4"}
+    for cls in params.untyped_shares:
+        for m in site.gpu_models():
+            assert params.speed(cls, m) > 0
+    # The V100s are Gavel's measured v100; T4 and A10 scale P100 by memory bandwidth.
+    assert params.speed("vision", "v100m16") == params.speed("vision", "v100")
+    assert params.speed("language", "t4") == pytest.approx(2.98 * 320 / 732, abs=0.01)
+    assert params.speed("language", "a10") == pytest.approx(2.98 * 600 / 732, abs=0.01)
+    assert set(site.partitions) == {"cpu", "gpu"}

@@ -10,9 +10,11 @@ import pytest
 
 from hetslurm.simulate.traces import (
     TraceError,
+    alibaba_site_toml,
     read_alibaba_nodes,
     read_trace,
 )
+from hetslurm.site.load import load_site
 from hetslurm.traces import traces_dir
 
 ALI_HEAD = ("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
@@ -148,3 +150,38 @@ def test_real_philly_reads() -> None:
     t = read_trace(REAL / "sia-philly" / "philly.csv", "philly")
     assert len(t.jobs) == 82247
     assert max(j.gpus for j in t.jobs) == 128
+
+
+def test_alibaba_site_from_a_node_list(tmp_path: Path) -> None:
+    p = write(tmp_path, "nodes.csv", "sn,cpu_milli,memory_mib,gpu,model\n"
+              "a0,32000,262144,0,\na1,96000,786432,8,G2\na2,96000,786432,8,G2\n"
+              "a3,32000,262144,0,\na4,8000,32768,1,V100M16\n")
+    text = alibaba_site_toml(read_alibaba_nodes(p), "nodes.csv")
+    site = write(tmp_path, "site.toml", text)
+    s = load_site(site)
+    # One class per distinct node; nodes in the list's order (slurm.conf order).
+    assert [(n.name, n.class_name) for n in s.nodes] == [
+        ("a0", "cpu_c32_m256g"), ("a1", "g2x8_c96_m768g"), ("a2", "g2x8_c96_m768g"),
+        ("a3", "cpu_c32_m256g"), ("a4", "v100m16x1_c8_m32g")]
+    assert s.partitions["cpu"].nodes == ("a0", "a3")
+    assert s.partitions["gpu"].nodes == ("a1", "a2", "a4")
+    assert s.gpu_models() == ("v100m16", "g2")
+    assert set(s.sections["classes"]) == {"vision", "language", "recommendation", "rl",
+                                          "preprocess"}
+    bad = write(tmp_path, "bad.csv", "sn,cpu_milli,memory_mib,gpu,model\nb,8000,1024,1,H100\n")
+    with pytest.raises(TraceError, match="GPU model 'H100' has no site name"):
+        alibaba_site_toml(read_alibaba_nodes(bad), "bad.csv")
+
+
+def test_committed_alibaba_site_is_the_generated_one() -> None:
+    nodes = traces_dir() / "alibaba-gpu-v2023" / "openb_node_list_all_node.csv"
+    if not nodes.is_file():
+        pytest.skip(f"{nodes} missing (set HETSLURM_TRACES)")
+    committed = Path(__file__).resolve().parents[2] / "site-configs" / "alibaba-openb.toml"
+    got = alibaba_site_toml(read_alibaba_nodes(nodes),
+                            "$HETSLURM_TRACES/alibaba-gpu-v2023/openb_node_list_all_node.csv")
+    assert committed.read_text() == got, "rerun: python scripts/gen-alibaba-site.py > " \
+        "site-configs/alibaba-openb.toml"
+    site = load_site(committed)
+    assert len(site.nodes) == 1523
+    assert sum(len(n.gpus) for n in site.nodes) == 6212

@@ -12,9 +12,11 @@ from hetslurm.site import load_site
 from hetslurm.site.render import FRAGMENT_FILES, Runtime, device_files, render
 
 # simulate-params*.toml are the simulator's assumptions, not sites; tests/unit/
-# test_simulate_policies.py loads them.
+# test_simulate_policies.py loads them. validate-params.toml and validate-workload*.toml are
+# those of `simulate --validate` (tests/unit/test_simulate_validate.py loads them).
 EXAMPLES = sorted(p for p in (Path(__file__).resolve().parents[2] / "site-configs").glob("*.toml")
-                  if not p.name.startswith("simulate-params"))
+                  if not p.name.startswith(("simulate-params", "validate-params",
+                                            "validate-workload")))
 
 
 def test_examples_exist() -> None:

@@ -1,0 +1,230 @@
+"""``hetslurm simulate --validate`` without a testbed: the committed workload files, what
+each policy submits (checked through the real hook in-process), the simulator's side, the
+comparison, sacct parsing and the CLI. The testbed side runs in
+tests/cluster/test_simulate_validate.py."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hetslurm.cli import cli
+from hetslurm.errors import ConfigError
+from hetslurm.placement.model import ClusterModel
+from hetslurm.simulate import validate as v
+from hetslurm.simulate.params import load_params
+from hetslurm.simulate.workload import node_weights
+from hetslurm.site.load import load_site
+from hetslurm.slurm.run import CommandResult
+
+ROOT = Path(__file__).resolve().parents[2]
+FULL = ROOT / "site-configs" / "validate-workload.toml"
+SMALL = ROOT / "site-configs" / "validate-workload-small.toml"
+
+
+def _plan(path: Path, n: int | None = None) -> tuple[v.Workload, v.Plan]:
+    w = v.load_workload(path).head(n)
+    site, params = load_site(w.site_file), load_params(w.params_file)
+    return w, v.plan(w, site, params, v.POLICIES)
+
+
+@pytest.mark.parametrize("path", [FULL, SMALL])
+def test_committed_workloads_load_and_every_job_is_replayable(path: Path) -> None:
+    w, pl = _plan(path)
+    assert len(w.jobs) == (100 if path == FULL else 40)
+    kinds = {j.cls for j in w.jobs}
+    assert kinds == {"train", "inference", None}  # GPU jobs of two classes and CPU jobs
+    assert w.jobs[0].submit == 0
+    for wj, rt in zip(w.jobs, pl.runtimes, strict=True):
+        slowest = max(x for x in rt.values() if math.isfinite(x))
+        assert slowest + w.hold_extra_s <= wj.limit_min * 60
+
+
+def _write(tmp_path: Path, body: str) -> Path:
+    text = FULL.read_text()
+    head, _, _ = text.partition("[workload]")
+    p = tmp_path / "w.toml"
+    p.write_text(head.replace('site = "validate-site.toml"',
+                              f'site = "{ROOT / "site-configs" / "validate-site.toml"}"')
+                 .replace('params = "validate-params.toml"',
+                          f'params = "{ROOT / "site-configs" / "validate-params.toml"}"')
+                 + "[workload]\njobs = [\n" + body + "\n]\n")
+    return p
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ('{ id = "a", submit = 0, gpus = 0, cores = 2, runtime = 5, limit_min = 1, x = 1 }',
+     "unknown key 'x'"),
+    ('{ id = "a", submit = 0, gpus = 1, cores = 2, runtime = 5, limit_min = 1 }',
+     "a GPU job names its class"),
+    ('{ id = "a", submit = 0, gpus = 0, cores = 2, runtime = 5, limit_min = 1 },\n'
+     '{ id = "a", submit = 1, gpus = 0, cores = 2, runtime = 5, limit_min = 1 }',
+     "appears twice"),
+    ('{ id = "a", submit = 5, gpus = 0, cores = 2, runtime = 5, limit_min = 1 },\n'
+     '{ id = "b", submit = 1, gpus = 0, cores = 2, runtime = 5, limit_min = 1 }',
+     "submit order"),
+    ('{ id = "a", submit = 0, gpus = 0, cores = 2, runtime = 5, limit_min = 0 }',
+     "limit_min = 0"),
+])
+def test_bad_workloads_are_refused_naming_the_job(tmp_path: Path, body: str,
+                                                  message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        v.load_workload(_write(tmp_path, body))
+
+
+def test_a_limit_below_the_slowest_runtime_is_refused(tmp_path: Path) -> None:
+    # 61 s on an A100, the slower model for training: over a 1-minute limit.
+    p = _write(tmp_path, '{ id = "t", submit = 0, class = "train", gpus = 1, cores = 2, '
+                         'runtime = 61, limit_min = 1 }')
+    w = v.load_workload(p)
+    with pytest.raises(ConfigError, match="runs up to 61 s, over its limit of 1 min"):
+        v.plan(w, load_site(w.site_file), load_params(w.params_file), v.POLICIES)
+
+
+def test_scripts_submit_plain_options_or_het_directives_and_sleep_per_model() -> None:
+    from hetslurm.hook.explain import explain
+
+    w, pl = _plan(SMALL)
+    site = pl.site
+    model = ClusterModel.from_site(site)
+    gpu = next(i for i, j in enumerate(w.jobs) if j.cls == "train")
+    cpu = next(i for i, j in enumerate(w.jobs) if j.cls is None)
+    plain = v.job_script("slurm-default", w.jobs[gpu], pl.jobs["slurm-default"][gpu],
+                         pl.runtimes[gpu], site, model)
+    assert "#SBATCH -p gpu" in plain and f"#SBATCH --gres=gpu:{w.jobs[gpu].gpus}" in plain
+    assert "#HET" not in plain
+    # Training runs twice as fast on an H100 (gpu[3-4]) as on an A100 (gpu[1-2]).
+    a100 = w.jobs[gpu].runtime
+    assert f"gpu1|gpu2) sleep {a100:.3f} ;;" in plain
+    assert f"gpu3|gpu4) sleep {a100 / 2:.3f} ;;" in plain
+    assert "cpu1" not in plain
+    plain_cpu = v.job_script("slurm-default", w.jobs[cpu], pl.jobs["slurm-default"][cpu],
+                             pl.runtimes[cpu], site, model)
+    assert "#SBATCH -p cpu" in plain_cpu and "--gres" not in plain_cpu
+    assert f"gpu1|gpu2|gpu3|gpu4|cpu1|cpu2) sleep {w.jobs[cpu].runtime:.3f}" in plain_cpu
+    het = v.job_script("hetslurm", w.jobs[gpu], pl.jobs["hetslurm"][gpu], pl.runtimes[gpu],
+                       site, model)
+    assert f"#HET gpus={w.jobs[gpu].gpus} class=train" in het and "-p " not in het
+    # What the real hook makes of it is what the simulator's hetslurm policy submits.
+    writes = dict(explain(het, site).writes)
+    assert writes["partition"] == "gpu"
+    assert writes["features"] == "h100|a100"
+    het_cpu = v.job_script("hetslurm", w.jobs[cpu], pl.jobs["hetslurm"][cpu],
+                           pl.runtimes[cpu], site, model)
+    writes = dict(explain(het_cpu, site).writes)
+    assert writes["partition"] == "cpu" and writes["features"] == "cpu"
+    assert pl.jobs["hetslurm"][cpu].partition == "cpu"
+
+
+def test_node_order_is_slurm_conf_order_without_hetslurm_and_h100_first_with_it() -> None:
+    _w, pl = _plan(SMALL)
+    plain = node_weights(ClusterModel.from_site(pl.site),
+                         pl.params.policies["slurm-default"])
+    assert [int(x) for x in plain.weight] == [1] * 6
+    het = node_weights(ClusterModel.from_site(pl.site), pl.params.policies["hetslurm"])
+    # gpu[1-2] are the A100s, listed first; the site's weights put the H100s (100) first.
+    assert [int(x) for x in het.weight] == [110, 110, 100, 100, 1, 1]
+    # CPU jobs stay on CPU nodes under both policies (validate-params.toml says why).
+    assert {j.partition for j in pl.jobs["slurm-default"] if j.gpus == 0} == {"cpu"}
+    assert v.all_nodes_partition(pl.site) == "batch"
+
+
+def test_simulated_waits_count_from_submission_with_the_latency_terms() -> None:
+    w, pl = _plan(SMALL, 1)  # one job on an empty cluster
+    plain = v.simulate_plan(w, pl, "hetslurm", latency=False)
+    assert plain.waits == [0.0]
+    lat = v.simulate_plan(w, pl, "hetslurm")
+    assert lat.waits == [pytest.approx(w.start_latency_s)]
+    # Its class prefers the H100 through the site's weights: 15 s x 1 / 1.25 there.
+    assert lat.where == ["h100"]
+    assert lat.end[0] - lat.start[0] == pytest.approx(w.jobs[0].runtime / 1.25
+                                                      + w.hold_extra_s)
+    fig = lat.figures()
+    assert fig["jobs"] == 1 and fig["makespan_s"] == pytest.approx(lat.end[0])
+
+
+def test_compare_passes_within_ten_percent_or_the_absolute_margin() -> None:
+    t = v.Target(relative=0.10, wait_abs_s=3.0, makespan_abs_s=5.0)
+    rows = v.compare({"mean_wait_s": 40.0, "makespan_s": 200.0},
+                     {"mean_wait_s": 44.5, "makespan_s": 221.0}, t)
+    wait, span = rows
+    assert wait["diff"] == -4.5 and wait["margin"] == 4.45 and wait["pass"] is False
+    assert span["rel_diff"] == pytest.approx(-0.095, abs=1e-3) and span["pass"] is True
+    small = v.compare({"mean_wait_s": 4.0, "makespan_s": 60.0},
+                      {"mean_wait_s": 6.5, "makespan_s": 64.0}, t)
+    assert [r["pass"] for r in small] == [True, True]  # 2.5 s <= 3 s; 4 s <= 5 s
+    assert v.compare({"mean_wait_s": 1.0, "makespan_s": 2.0}, None, t)[0]["pass"] is None
+
+
+def test_sacct_records_become_times_from_the_first_submission(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    out = ("41|2026-11-30T05:00:00|2026-11-30T05:00:01|2026-11-30T05:00:31|COMPLETED|gpu3\n"
+           "42|2026-11-30T05:00:02|2026-11-30T05:00:31|2026-11-30T05:01:01|COMPLETED|cpu1\n")
+
+    def fake(argv: list[str], **_kw: object) -> CommandResult:
+        assert argv[:2] == ["sacct", "-X"] and "41,42" in argv
+        return CommandResult(tuple(argv), 0, out, "")
+
+    monkeypatch.setattr("hetslurm.slurm.run.run_command", fake)
+    sub = v._Submitted({41: 0, 42: 1})
+    got = v._sacct({}, sub, 2)
+    assert got.submit == [0.0, 2.0] and got.start == [1.0, 31.0] and got.end == [31.0, 61.0]
+    assert got.waits == [1.0, 29.0] and got.where == ["gpu3", "cpu1"]
+    assert got.figures()["makespan_s"] == 61.0
+    assert v._models(got.where, load_site(ROOT / "site-configs" / "validate-site.toml")) \
+        == ["h100", "cpu"]
+
+
+def test_a_job_that_did_not_complete_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hetslurm.errors import TestbedError
+
+    out = "7|2026-11-30T05:00:00|2026-11-30T05:00:01|2026-11-30T05:01:01|TIMEOUT|gpu1\n"
+    monkeypatch.setattr("hetslurm.slurm.run.run_command",
+                        lambda argv, **_kw: CommandResult(tuple(argv), 0, out, ""))
+    with pytest.raises(TestbedError, match=r"did not complete: \{7: 'TIMEOUT'\}"):
+        v._sacct({}, v._Submitted({7: 0}), 1)
+
+
+def test_cli_sim_only_prints_both_policies_and_refuses_trace_options() -> None:
+    res = CliRunner().invoke(cli, ["simulate", "--validate", str(SMALL), "--sim-only",
+                                   "--jobs", "10", "--format", "json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    assert doc["meta"]["jobs"] == 10 and doc["meta"]["testbed"] is False
+    assert {(r["policy"], r["measure"]) for r in doc["rows"]} == {
+        (p, m) for p in v.POLICIES for m in ("mean_wait_s", "makespan_s")}
+    assert set(doc["policies"]["hetslurm"]) >= {"sim", "sim_without_latency",
+                                                 "sim_easy_backfill", "sim_models"}
+    assert doc["meta"]["backfill"] == "slurm"
+    bad = CliRunner().invoke(cli, ["simulate", "--validate", str(SMALL), "--trace", "x.csv"])
+    assert bad.exit_code == 2 and "--trace: not with --validate" in bad.output
+    alone = CliRunner().invoke(cli, ["simulate", "--sim-only"])
+    assert alone.exit_code == 2 and "go with --validate" in alone.output
+    missing = CliRunner().invoke(cli, ["simulate", "--site", "x.toml"])
+    assert missing.exit_code == 2 and "missing --trace, --trace-format, --params" \
+        in missing.output
+
+
+def test_progress_bar_is_silent_off_a_terminal() -> None:
+    from hetslurm.cli.simulate_cmd import progress_bar
+
+    with progress_bar() as bar:
+        assert bar is None  # pytest's stderr is not a terminal
+
+
+def test_progress_labels_each_replay_with_its_policy_and_load() -> None:
+    from hetslurm.cli.simulate_cmd import _by_load
+
+    seen: list[tuple[str, int, int]] = []
+    tick = _by_load(lambda label, done, total: seen.append((label, done, total)), (0.5, 2.0))
+    assert tick is not None
+    for policy in ("slurm-default", "hetslurm"):
+        for done in (3, 10, 1, 10):  # two replays: the count goes back at the second
+            tick(policy, done, 10)
+    assert [s[0] for s in seen] == ["slurm-default load 0.5"] * 2 + \
+        ["slurm-default load 2"] * 2 + ["hetslurm load 0.5"] * 2 + ["hetslurm load 2"] * 2
+    assert _by_load(None, (1.0,)) is None
