@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import itertools
+import math
 import os
 import re
 import secrets
@@ -30,7 +32,7 @@ import shutil
 import socket
 import stat
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -43,6 +45,8 @@ from hetslurm.site.names import NODE_RE
 
 _SEG_RE = re.compile(r"^(seg|cmp)-(\d+)-(\d+)-([A-Za-z0-9_.-]+)\.parquet$")
 _DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+#: Text columns, read dictionary-encoded (pandas categoricals).
+_DICT_COLUMNS = list(CATEGORICAL)
 #: Refusal reasons, in the order reports list them.
 REFUSALS = ("symlink", "not_regular", "untrusted_owner", "writable_by_others", "corrupt",
             "forged", "unknown_name")
@@ -190,19 +194,32 @@ class SegmentStore:
     def _open_checked(self, seg: Segment, report: ReadReport,
                       columns: Sequence[str] | None = None) -> Any | None:
         """Read one segment as an Arrow table, or refuse it (counted in ``report``)."""
+        got = self._read_checked(seg, report, columns)
+        return None if got is None else got[0]
+
+    def _read_checked(self, seg: Segment, report: ReadReport,
+                      columns: Sequence[str] | None = None
+                      ) -> tuple[Any, float, float] | None:
+        """One segment as (Arrow table, first time, last time), or None when refused.
+
+        The file is opened once (``O_NOFOLLOW``: a symlink fails to open) and the checks
+        run on that descriptor's ``fstat``, so what is checked is what is read: its bytes
+        are read through the same descriptor and parsed from memory. The first and last
+        time are NaN when the time column holds nulls or NaN.
+        """
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         try:
-            fd = os.open(seg.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            fd = os.open(seg.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
         except FileNotFoundError:
             raise
         except OSError as exc:
             reason = "symlink" if seg.path.is_symlink() else "corrupt"
             report.refuse(reason, seg.path, exc.strerror or "")
             return None
-        with os.fdopen(fd, "rb") as fh:
-            st = os.fstat(fh.fileno())
+        try:
+            st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 report.refuse("not_regular", seg.path)
                 return None
@@ -213,53 +230,79 @@ class SegmentStore:
                 report.refuse("writable_by_others", seg.path)
                 return None
             try:
-                problem = _schema_problem(pq.ParquetFile(fh).schema_arrow)
-                if problem:
-                    report.refuse("forged", seg.path, problem)
-                    return None
-                fh.seek(0)
-                pf = pq.ParquetFile(fh, read_dictionary=list(CATEGORICAL))
-                cols = None if columns is None else list(
-                    dict.fromkeys(["time", "node", *columns]))
-                table = pf.read(columns=cols)
-            except (pa.ArrowException, OSError, ValueError) as exc:
-                report.refuse("corrupt", seg.path, str(exc).splitlines()[0][:120])
+                data = _read_fd(fd, st.st_size)
+            except OSError as exc:
+                report.refuse("corrupt", seg.path, exc.strerror or "")
                 return None
-        problem = _forgery(table, seg)
+        finally:
+            os.close(fd)
+        try:
+            buf = pa.py_buffer(data)
+            try:
+                pf = pq.ParquetFile(buf, read_dictionary=_DICT_COLUMNS, pre_buffer=False)
+            except KeyError:
+                # A text column is missing: the plain schema says which way it is forged.
+                missing = (_schema_problem(pq.ParquetFile(buf, pre_buffer=False).schema_arrow)
+                           or "a text column is missing")
+                report.refuse("forged", seg.path, missing)
+                return None
+            wrong = _schema_problem(pf.schema_arrow)
+            if wrong:
+                report.refuse("forged", seg.path, wrong)
+                return None
+            cols = None if columns is None else list(dict.fromkeys(["time", "node", *columns]))
+            # One thread: a segment is small, and a thread pool per file costs more than
+            # it saves.
+            table = pf.read(columns=cols, use_threads=False)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            report.refuse("corrupt", seg.path, str(exc).splitlines()[0][:120])
+            return None
+        problem, lo, hi = _forgery(table, seg)
         if problem:
             report.refuse("forged", seg.path, problem)
             return None
-        return table
+        return table, lo, hi
 
     def read_tables(self, since: float | None = None, until: float | None = None,
                     nodes: Iterable[str] | None = None, report: ReadReport | None = None,
                     progress: Progress | None = None, columns: Sequence[str] | None = None
                     ) -> Iterator[tuple[Segment, Any]]:
         """Yield (segment, Arrow table) for every accepted segment in range."""
+        for seg, table, _lo, _hi in self._read_all(since, until, nodes, report, progress,
+                                                  columns):
+            yield seg, table
+
+    def _read_all(self, since: float | None, until: float | None,
+                  nodes: Iterable[str] | None, report: ReadReport | None,
+                  progress: Progress | None, columns: Sequence[str] | None
+                  ) -> Iterator[tuple[Segment, Any, float, float]]:
         report = report if report is not None else ReadReport()
         wanted = list(nodes) if nodes is not None else self.nodes(report)
-        plan = [s for n in wanted for s in self.segments(n, since, until, report)]
+        plan = deque(s for n in wanted for s in self.segments(n, since, until, report))
+        planned = {s.path for s in plan}
         done = 0
         seen: set[Path] = set()
         while plan:
-            seg = plan.pop(0)
+            seg = plan.popleft()
             if seg.path in seen:
                 continue
             seen.add(seg.path)
             try:
-                table = self._open_checked(seg, report, columns)
+                got = self._read_checked(seg, report, columns)
             except FileNotFoundError:
                 # Compacted away between listing and opening: its samples are in a newer
                 # cmp- segment of the same node, which a fresh listing shows.
-                plan.extend(s for s in self.segments(seg.node, since, until)
-                            if s.path not in seen and s not in plan)
+                for s in self.segments(seg.node, since, until):
+                    if s.path not in seen and s.path not in planned:
+                        planned.add(s.path)
+                        plan.append(s)
                 continue
             done += 1
             if progress:
                 progress(done, done + len(plan))
-            if table is not None:
+            if got is not None:
                 report.segments += 1
-                yield seg, table
+                yield seg, *got
 
     def read(self, since: float | None = None, until: float | None = None,
              nodes: Iterable[str] | None = None, progress: Progress | None = None,
@@ -275,8 +318,13 @@ class SegmentStore:
         report = ReadReport()
         tables = []
         ranges: dict[str, list[tuple[float, float]]] = {}
-        for seg, table in self.read_tables(since, until, nodes, report, progress, columns):
-            if since is not None or until is not None:
+        lo_bound = -math.inf if since is None else since
+        hi_bound = math.inf if until is None else until
+        for seg, table, lo, hi in self._read_all(since, until, nodes, report, progress,
+                                                 columns):
+            # A segment whose samples all lie in the window (checked on its samples, not
+            # its name; NaN fails both tests) is taken whole.
+            if not lo_bound <= lo <= hi < hi_bound:
                 t = table.column("time")
                 mask = None
                 if since is not None:
@@ -284,7 +332,8 @@ class SegmentStore:
                 if until is not None:
                     m2 = pc.less(t, until)
                     mask = m2 if mask is None else pc.and_(mask, m2)
-                table = table.filter(mask)
+                if mask is not None:
+                    table = table.filter(mask)
             tables.append(table)
             ranges.setdefault(seg.node, []).append((seg.t0, seg.t1))
         if not tables:
@@ -380,13 +429,49 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", text)[:40] or "host"
 
 
+def _read_fd(fd: int, size: int) -> bytes:
+    """The ``size`` bytes (from fstat) of ``fd``, fewer when the file is shorter."""
+    data = os.read(fd, size)
+    if len(data) == size or not data:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < size:
+        chunk = os.read(fd, size - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
+
+
+#: Segments of fewer rows are written the small way (see :func:`_write_options`).
+SMALL_ROWS = 2048
+
+
+def _write_options(rows: int) -> dict[str, Any]:
+    """How a segment of ``rows`` samples is encoded.
+
+    Big segments (a compacted day) are zstd-compressed and dictionary-encoded throughout. A
+    collector's flush (80 rows at 8 GPUs, 30 s and 300 s) is uncompressed, with dictionary
+    encoding for the text columns only, and without the serialized Arrow schema in its
+    footer (the Parquet types read back as the same schema): on so few rows compression
+    saves next to nothing, and a reader's cost is per file, column chunk and page (the
+    footer, a decompression, a dictionary page), which for small files is nearly all the
+    cost of reading them.
+    """
+    if rows >= SMALL_ROWS:
+        return {"compression": "zstd"}
+    return {"compression": "none", "use_dictionary": list(CATEGORICAL), "store_schema": False}
+
+
 def _write_atomic(table: Any, target: Path) -> None:
     import pyarrow.parquet as pq
 
     tmp = target.parent / f".tmp-{target.name}"
     try:
         with open(tmp, "wb") as fh:
-            pq.write_table(table, fh, compression="zstd")
+            pq.write_table(table, fh, **_write_options(table.num_rows))
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
@@ -401,9 +486,20 @@ def _plain(table: Any) -> Any:
     return table.cast(arrow_schema())
 
 
+@functools.cache
+def _expected_schema() -> Any:
+    """The schema a segment written by :meth:`SegmentStore.write` reads back with."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type))
+                      if f.name in CATEGORICAL else f for f in arrow_schema()])
+
+
 def _schema_problem(schema: Any) -> str | None:
     import pyarrow as pa
 
+    if schema.equals(_expected_schema()):
+        return None  # the common case, in one comparison; anything else is examined below
     names = schema.names
     if names != list(COLUMNS):
         return f"columns {names} are not the store's"
@@ -416,20 +512,36 @@ def _schema_problem(schema: Any) -> str | None:
     return None
 
 
-def _forgery(table: Any, seg: Segment) -> str | None:
+def _forgery(table: Any, seg: Segment) -> tuple[str | None, float, float]:
+    """What makes ``table`` not ``seg``'s (None: nothing), and its first and last time
+    (NaN when the time column holds nulls or NaN)."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    nan = math.nan
     if table.num_rows == 0:
-        return "no samples"
-    nodes = pc.unique(table.column("node").cast(pa.string())).to_pylist()
-    if nodes != [seg.node]:
-        return f"holds samples of {nodes}, stored under {seg.node}"
-    lo = pc.min(table.column("time")).as_py()
-    hi = pc.max(table.column("time")).as_py()
-    if lo is None or _ms(lo) < _ms(seg.t0) or _ms(hi) > _ms(seg.t1):
-        return f"sample times {lo}..{hi} lie outside the name's range"
-    return None
+        return "no samples", nan, nan
+    col = table.column("node")
+    # Fast path: a dictionary column without nulls whose every dictionary holds only this
+    # node can hold no other value. Anything else is checked value by value.
+    if not (col.null_count == 0 and pa.types.is_dictionary(col.type)
+            and all(c.dictionary.to_pylist() == [seg.node] for c in col.chunks)):
+        nodes = pc.unique(col.cast(pa.string())).to_pylist()
+        if nodes != [seg.node]:
+            return f"holds samples of {nodes}, stored under {seg.node}", nan, nan
+    times = np.asarray(table.column("time").to_numpy())  # nulls become NaN
+    first, last = float(times.min()), float(times.max())  # NaN if any is
+    if math.isnan(first):
+        # Nulls or NaN: the range of the other samples, as Arrow computes it.
+        bounds = pc.min_max(table.column("time"))
+        lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+    else:
+        lo, hi = first, last
+    if (lo is None or not (math.isfinite(lo) and math.isfinite(hi))  # all NaN, or infinite
+            or _ms(lo) < _ms(seg.t0) or _ms(hi) > _ms(seg.t1)):
+        return f"sample times {lo}..{hi} lie outside the name's range", nan, nan
+    return None, first, last
 
 
 def _overlapping(ranges: dict[str, list[tuple[float, float]]]) -> bool:
