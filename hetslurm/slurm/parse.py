@@ -212,7 +212,7 @@ _FREE_TEXT = ("name", "comment", "admin_comment", "command", "current_working_di
 
 def parse_squeue_json_checked(text: str) -> tuple[list[JobInfo], set[int]]:
     """Jobs from ``squeue --json``, and the ids of jobs whose free text (name, comments,
-    command, paths) holds ``=`` or a line break.
+    command, paths) holds a line break or ``Key=`` text naming a field the parser reads.
 
     ``scontrol show job -o`` prints those fields unescaped, so such a job's scontrol line can
     carry forged ``Key=value`` pairs (or a forged line for another job): its scontrol detail
@@ -223,10 +223,27 @@ def parse_squeue_json_checked(text: str) -> tuple[list[JobInfo], set[int]]:
     risky = {
         int(j["job_id"]) for j in raw
         if isinstance(j, Mapping) and "job_id" in j and any(
-            isinstance(j.get(k), str) and ("=" in j[k] or "\n" in j[k] or "\r" in j[k])
-            for k in _FREE_TEXT)
+            isinstance(j.get(k), str) and _could_forge(j[k]) for k in _FREE_TEXT)
     }
     return [_json_job(j) for j in raw], risky
+
+
+#: The keys of a ``scontrol show job -d -o`` line that :func:`parse_scontrol_jobs` reads.
+_JOB_KEYS_READ = frozenset((
+    "JobId", "ArrayJobId", "ArrayTaskId", "HetJobId", "HetJobOffset", "JobName", "UserId",
+    "Account", "Partition", "QOS", "JobState", "Reason", "TresPerNode", "TresPerJob",
+    "TresPerTask", "JOB_GRES", "Nodes", "CPU_IDs", "Mem", "GRES", "NodeList", "SubmitTime",
+    "EligibleTime", "StartTime", "EndTime", "TimeLimit", "Restarts", "BatchFlag", "Requeue",
+    "Comment", "AdminComment", "Features", "Prefer", "Switches"))
+
+
+def _could_forge(value: str) -> bool:
+    """Whether free text printed unescaped on a scontrol line could pass for a field the
+    parser reads (``Restarts=0`` after a blank, or a line break). Other ``word=`` text, such
+    as the hook's own ``"req":"gpus=2 class=train"`` record, cannot."""
+    if "\n" in value or "\r" in value:
+        return True
+    return any(m.group(1) in _JOB_KEYS_READ for m in _KEY_RE.finditer(value))
 
 
 def trusted_details(details: list[JobInfo], risky: set[int]) -> dict[int, JobInfo]:

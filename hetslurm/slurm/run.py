@@ -38,6 +38,7 @@ def run_command(
     env: Mapping[str, str] | None = None,
     input: str | None = None,
     check: bool = True,
+    cwd: str | os.PathLike[str] | None = None,
 ) -> CommandResult:
     """Run ``argv`` and return its output as text.
 
@@ -48,6 +49,7 @@ def run_command(
         env: the complete environment for the child (``None`` inherits ours).
         input: text written to the child's stdin.
         check: raise :class:`CommandError` when the exit status is non-zero.
+        cwd: the child's working directory (``None``: ours).
 
     Raises:
         BackendError: the executable does not exist (or cannot be executed).
@@ -69,6 +71,7 @@ def run_command(
             stderr=subprocess.PIPE,
             text=True,
             env=dict(env) if env is not None else None,
+            cwd=cwd,
             # Own process group, so a timeout can take down the children too.
             start_new_session=True,
         )

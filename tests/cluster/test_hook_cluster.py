@@ -163,11 +163,14 @@ def test_explain_live_state_matches_where_the_job_runs(jobs: Jobs, tmp_path: Pat
     script = tmp_path / "train.sh"
     script.write_text("#!/bin/sh\n#HET gpus=2 class=train\nsleep 60\n")
     env = {**os.environ, **slurm_env}
+    # cwd away from the checkout: `python -m` puts the cwd first on sys.path, and the source
+    # tree of a fresh clone has no compiled core (the installed package has).
     out = run_command([sys.executable, "-m", "hetslurm", "explain", str(script), "--site",
                        str(DEMO_FILE), "--state", "live", "--format", "json"], timeout=120,
-                      env=env).stdout
+                      env=env, cwd=tmp_path).stdout
     doc = json.loads(out)
     assert doc["outcome"] == "rewritten"
+    assert doc["placement"] is not None, doc.get("placement_note")
     predicted = set(doc["placement"]["nodes"])
     assert doc["placement"]["placeable"] and predicted and predicted <= A100, doc["placement"]
     job_id, _ = sbatch(jobs, tmp_path, script.read_text())

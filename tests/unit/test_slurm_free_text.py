@@ -37,13 +37,27 @@ def test_clean_jobs_are_trusted() -> None:
 @pytest.mark.parametrize("field,value", [
     ("name", "x Restarts=0 JobState=COMPLETED"),
     ("comment", "line\nJobId=99 GRES=gpu:h100:8(IDX:0-7)"),
-    ("command", "/tmp/a=b.sh"),
+    ("command", "/tmp/a b.sh GRES=gpu:h100:8(IDX:0-7)"),
     ("standard_output", "/tmp/out\r"),
-    ("current_working_directory", "/home/u/k=v"),
+    ("current_working_directory", "/home/u Nodes=gpu1"),
+    ("admin_comment", "Restarts=0"),
 ])
 def test_free_text_that_could_forge_marks_the_job(field: str, value: str) -> None:
     jobs, risky = parse.parse_squeue_json_checked(squeue_doc(**{field: value}))
     assert risky == {jobs[0].job_id}
+
+
+@pytest.mark.parametrize("field,value", [
+    ("admin_comment", 'hetslurm:{"v":1,"req":"gpus=2 class=train locality=nvlink:required"}'),
+    ("command", "/tmp/a=b.sh"),
+    ("current_working_directory", "/home/u/k=v"),
+    ("name", "lr=0.1 bs=64"),
+])
+def test_other_key_value_text_is_trusted(field: str, value: str) -> None:
+    # '=' alone cannot forge: only a blank followed by a key the parser reads can (every
+    # #HET job's decision record holds "gpus=2 class=..." and must keep its detail).
+    _jobs, risky = parse.parse_squeue_json_checked(squeue_doc(**{field: value}))
+    assert risky == set()
 
 
 def test_forged_line_for_another_job_drops_both() -> None:
