@@ -8,11 +8,13 @@ lines, 64 KiB lines, requests at the 1024-byte bound.
 
 On the testbed (a fresh one in a temporary folder): slurmctld's own mean time per
 ``REQUEST_SUBMIT_BATCH_JOB`` from ``sdiag`` for the same job submitted two ways: a ``#HET``
-script with the hook enforcing, and the equivalent sbatch options (``--gres=gpu:2
---constraint=h100|a100 --partition=gpu``) with the hook switched off (``mode = "off"``: the
-plugin still calls the script, which returns at once). So both sides make slurmctld validate
-the same job and the ratio is the hook's own cost. Queue depths of 0, 1,000 and 5,000 held
-jobs, alternating with/without in repeated rounds.
+script, and the equivalent sbatch options (``--gres=gpu:2 --constraint=h100|a100
+--partition=gpu``) without one. The hook enforces throughout (no reload between rounds); for
+the plain job it scans the script header, finds no request and returns. So both sides make
+slurmctld validate the same job and the difference is the hook's decision and its record.
+Queue depths of 0, 1,000 and 5,000 held jobs (each round's own jobs are cancelled after it),
+the sides alternating round by round, each round starting once slurmctld's queue to slurmdbd
+is empty, after two unmeasured warm-up rounds per side.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from hetslurm.hook.standin import HookRuntime
 from hetslurm.site import load_site
 from hetslurm.slurm.run import run_command
 
+_SDIAG_DBD_QUEUE = re.compile(r"DBD Agent queue size:\s*(\d+)")
 _SDIAG_SUBMIT = re.compile(r"REQUEST_SUBMIT_BATCH_JOB\s*\(\s*\d+\)\s*count:(\d+)\s*ave_time:(\d+)")
 
 TYPICAL = (
@@ -133,6 +136,24 @@ def _sdiag_submit(env: dict[str, str]) -> tuple[int, int]:
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
+def _cpu_seconds(pid: int | None) -> float | None:
+    """CPU seconds slurmctld's threads have run so far, in nanoseconds' resolution
+    (the first field of /proc/PID/task/TID/schedstat, summed), or None."""
+    if pid is None:
+        return None
+    total = 0
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return None
+    for task in tasks:
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended between listing and reading
+    return total / 1e9
+
+
 def _pending(env: dict[str, str]) -> int:
     out = run_command(["squeue", "-h", "-t", "PD", "-o", "%i"], timeout=60, env=env).stdout
     return len(out.split())
@@ -163,43 +184,75 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
         filler = root / "filler.sh"
         filler.write_text("#!/bin/sh\ntrue\n")
 
-        def submit(path: Path, *args: str) -> None:
-            run_command(["sbatch", "--hold", "--parsable", "-o", "/dev/null", *args, str(path)],
-                        timeout=60, env=env)
+        def submit(path: Path, *args: str) -> str:
+            out = run_command(["sbatch", "--hold", "--parsable", "-o", "/dev/null", *args,
+                               str(path)], timeout=60, env=env).stdout
+            return out.strip().split(";")[0]
 
-        def measure(mode: str) -> int:
-            res = set_installed_mode(tb.etc, mode)
-            # install sets an mtime up to 2 s ahead (docs/hook.md); until the clock passes it
-            # slurmctld reloads the script at every submission. Wait, then let it load once.
-            while time.time() < res.mtime + 1.05:
-                time.sleep(0.1)
-            args = [] if mode == "enforce" else equivalent
-            path = script if mode == "enforce" else plain
-            submit(path, *args)
+        def settle() -> None:
+            # Wait until slurmctld has sent everything to slurmdbd (the last round's
+            # submissions and cancellations), so a round does not pay for the one before.
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                m = _SDIAG_DBD_QUEUE.search(run_command(["sdiag"], timeout=30, env=env).stdout)
+                if m is None or int(m.group(1)) == 0:
+                    return
+                time.sleep(0.2)
+
+        ctld = tb.load_state()
+        ctld_proc = ctld.proc("slurmctld") if ctld is not None else None
+        ctld_pid = ctld_proc.pid if ctld_proc is not None else None
+        cpu_per_job: dict[str, list[float]] = {"with": [], "without": []}
+
+        def measure(side: str) -> int:
+            args = [] if side == "with" else equivalent
+            path = script if side == "with" else plain
+            settle()
             run_command(["sdiag", "-r"], timeout=30, env=env)
-            for _ in range(jobs_per_round):
-                submit(path, *args)
+            cpu0 = _cpu_seconds(ctld_pid)
+            ids = [submit(path, *args) for _ in range(jobs_per_round)]
+            cpu1 = _cpu_seconds(ctld_pid)
+            if cpu0 is not None and cpu1 is not None:
+                cpu_per_job[side].append((cpu1 - cpu0) / jobs_per_round * 1e6)
             count, ave = _sdiag_submit(env)
+            # The round's own jobs go again, so the queue stays at the depth being measured.
+            run_command(["scancel", *ids], timeout=120, env=env)
             if count < jobs_per_round:
                 raise RuntimeError(f"sdiag counted {count} submissions, expected "
                                    f"{jobs_per_round}")
             return ave
 
+        # The hook enforcing throughout: no reload between rounds, so the sides alternate
+        # round by round. "without" submits the same job as plain options; the hook still
+        # runs for it and finds no request (it scans the script header and returns).
+        res = set_installed_mode(tb.etc, "enforce")
+        # install sets an mtime up to 2 s ahead (docs/hook.md); until the clock passes it
+        # slurmctld reloads the script at every submission. Wait, then let it load once.
+        while time.time() < res.mtime + 1.05:
+            time.sleep(0.1)
+        # A freshly booted controller is slower for its first minute (node registration,
+        # accounting catching up; rounds 2x slower than later ones on either side were seen):
+        # two unmeasured rounds per side first.
+        say("warming up the controller")
+        for _ in range(2):
+            for side in ("with", "without"):
+                measure(side)
         for depth in depths:
             missing = depth - _pending(env)
             if missing > 0:
                 say(f"building a queue of {depth} held jobs")
-                set_installed_mode(tb.etc, "off")
                 with ThreadPoolExecutor(max_workers=4) as pool:
                     list(pool.map(lambda _i: submit(filler), range(missing)))
             pending = _pending(env)
             with_us: list[int] = []
             without_us: list[int] = []
+            for key in cpu_per_job:
+                cpu_per_job[key].clear()
             for r in range(rounds):
-                order = ("enforce", "off") if r % 2 == 0 else ("off", "enforce")
-                for mode in order:
-                    ave = measure(mode)
-                    (with_us if mode == "enforce" else without_us).append(ave)
+                order = ("with", "without") if r % 2 == 0 else ("without", "with")
+                for side in order:
+                    ave = measure(side)
+                    (with_us if side == "with" else without_us).append(ave)
             w = statistics.median(with_us)
             wo = statistics.median(without_us)
             results.append({
@@ -210,6 +263,14 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
                 "with_rounds_us": with_us,
                 "without_rounds_us": without_us,
             })
+            if cpu_per_job["with"] and cpu_per_job["without"]:
+                cw = statistics.median(cpu_per_job["with"])
+                cwo = statistics.median(cpu_per_job["without"])
+                results[-1].update({
+                    "with_hook_cpu_us": round(cw, 1),
+                    "without_hook_cpu_us": round(cwo, 1),
+                    "cpu_ratio": round(cw / cwo, 3) if cwo else None,
+                })
             say(f"depth {pending}: with {w} us, without {wo} us")
     finally:
         if tb.running().get("slurmctld") or tb.running().get("munged"):
