@@ -259,6 +259,8 @@ def global_lines(site: Site, *, accounting: bool = True) -> list[str]:
         lines.append(f"PriorityWeightTRES={weights}")
     if lv.priority_weight_fairshare is not None:
         lines.append(f"PriorityWeightFairshare={lv.priority_weight_fairshare}")
+    if any(q.priority > 0 for q in lv.qos.values()):
+        lines.append(f"PriorityWeightQOS={lv.priority_weight_qos}")
     if lv.priority_calc_period_min is not None:
         lines.append(f"PriorityCalcPeriod={lv.priority_calc_period_min}")
     if lv.priority_decay_half_life is not None:

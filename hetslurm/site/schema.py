@@ -399,6 +399,10 @@ class Levers(_Strict):
     #: ``PriorityWeightTRES`` for the fastest GPU model (slower ones scaled by speed).
     priority_weight_gpu: Annotated[StrictInt, Field(ge=0, le=2**31 - 1)] | None = None
     priority_weight_fairshare: Annotated[StrictInt, Field(ge=0, le=2**31 - 1)] | None = None
+    #: ``PriorityWeightQOS``, rendered when some ``[levers.qos]`` has a ``priority``: without
+    #: it Slurm's multifactor priority ignores QOS priority, and ``priority=high`` would only
+    #: rename the QOS. A QOS adds ``weight x its priority / the highest QOS priority``.
+    priority_weight_qos: Annotated[StrictInt, Field(ge=0, le=2**31 - 1)] = 100_000
     #: ``PriorityCalcPeriod`` in minutes (how often fair-share usage is charged).
     priority_calc_period_min: Annotated[StrictInt, Field(ge=1, le=1440)] | None = None
     #: ``PriorityDecayHalfLife`` as a Slurm time (``7-0``); ``0`` disables decay.

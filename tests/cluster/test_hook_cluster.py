@@ -178,6 +178,22 @@ def test_explain_live_state_matches_where_the_job_runs(jobs: Jobs, tmp_path: Pat
     assert running_on(jobs, job_id) <= A100
 
 
+def test_priority_high_outranks_normal(jobs: Jobs, tmp_path: Path) -> None:
+    # priority=high puts the job in QOS "high" (priority 1000); the rendered
+    # PriorityWeightQOS makes that count in multifactor priority. --begin keeps both pending
+    # (a held job's priority is 0).
+    hi, _ = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET gpus=1 class=train priority=high\ntrue\n",
+                   "--begin=now+3600")
+    lo, _ = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET gpus=1 class=train\ntrue\n",
+                   "--begin=now+3600")
+    assert hi and lo
+    out = run_command(["squeue", "-h", "-j", f"{hi},{lo}", "-o", "%i %q %Q"], timeout=30,
+                      env=jobs.env).stdout
+    rows = {r.split()[0]: r.split()[1:] for r in out.strip().splitlines()}
+    assert rows[hi][0] == "high" and rows[lo][0] == "normal"
+    assert int(rows[hi][1]) >= int(rows[lo][1]) + 50_000, rows
+
+
 def test_explicit_option_wins_and_user_is_told(jobs: Jobs, tmp_path: Path) -> None:
     job_id, err = sbatch(jobs, tmp_path, "#!/bin/sh\n#HET gpus=1 class=train\nsleep 30\n",
                          "--partition=batch")
