@@ -18,6 +18,10 @@ from typing import Any
 from hetslurm.errors import ConfigError
 
 SCHEMA = "hetslurm-simulate-params/1"
+#: The replay's backfill models (``[scheduler] backfill``): ``slurm``, Slurm 22.05's rules
+#: (:mod:`hetslurm.simulate.slurm_backfill`, what ``simulate --validate`` checks against
+#: the testbed), and ``easy``, EASY backfill (:mod:`hetslurm.simulate.engine`).
+BACKFILLS = ("slurm", "easy")
 POLICIES = ("slurm-default", "hetslurm")
 SCORE_KEYS = ("model", "islands", "numa", "leftover", "load", "energy", "weight")
 
@@ -55,6 +59,8 @@ class Params:
     oversize: str
     priority_by_qos: Mapping[str, str]
     backfill_depth: int
+    backfill: str
+    backfill_window_s: float
     policies: Mapping[str, PolicyParams]
     bounded_mean_wait_s: float
 
@@ -223,6 +229,8 @@ def load_params(path: str | Path) -> Params:
         oversize=j.str_("oversize", ("drop",)),
         priority_by_qos=j.mapping("priority_by_qos", str),
         backfill_depth=s.int_("backfill_depth", 0),
+        backfill=s.str_("backfill", BACKFILLS),
+        backfill_window_s=s.num("backfill_window_s", 1.0),
         policies=policies,
         bounded_mean_wait_s=m.num("bounded_mean_wait_s", 1e-9),
     )

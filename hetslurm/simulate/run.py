@@ -12,6 +12,7 @@ from hetslurm.placement.model import ClusterModel
 from hetslurm.simulate.engine import replay
 from hetslurm.simulate.measures import measure
 from hetslurm.simulate.params import Params
+from hetslurm.simulate.slurm_backfill import replay_slurm
 from hetslurm.simulate.traces import Trace
 from hetslurm.simulate.workload import build_jobs, node_weights, partition_nodes
 from hetslurm.site.model import Site
@@ -77,8 +78,14 @@ def simulate(
             if progress is not None:
                 def tick(done: int, _p: str = p, _n: int = len(jobs[p])) -> None:
                     progress(_p, done, _n)
-            res = replay(model, jobs[p], parts, backfill_depth=params.backfill_depth,
-                         load=load, progress=tick)
+            if params.backfill == "slurm":
+                res = replay_slurm(model, jobs[p], parts,
+                                   backfill_depth=params.backfill_depth,
+                                   window_s=params.backfill_window_s, load=load,
+                                   progress=tick)
+            else:
+                res = replay(model, jobs[p], parts, backfill_depth=params.backfill_depth,
+                             load=load, progress=tick)
             row: dict[str, Any] = {"policy": p, "load": load}
             row.update(measure(model, res))
             row["seconds"] = round(time.perf_counter() - began, 3)

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from hetslurm.errors import ConfigError, TestbedError
 from hetslurm.placement.model import ClusterModel
 from hetslurm.simulate.engine import replay
-from hetslurm.simulate.params import Params, load_params
+from hetslurm.simulate.params import BACKFILLS, Params, load_params
 from hetslurm.simulate.traces import TraceJob
 from hetslurm.simulate.workload import SimJob, build_jobs, node_weights, partition_nodes
 from hetslurm.site.model import Site
@@ -45,9 +45,6 @@ if TYPE_CHECKING:
 SCHEMA = "hetslurm-validate-workload/1"
 FORMAT = "validate"  # the key of [runtime] reference_model in the parameter file
 POLICIES = ("slurm-default", "hetslurm")
-#: The simulator's backfill models: ``easy`` (:mod:`hetslurm.simulate.engine`, what
-#: ``hetslurm simulate`` runs) and ``slurm`` (:mod:`hetslurm.simulate.slurm_backfill`).
-BACKFILLS = ("easy", "slurm")
 #: Job fields of the workload file, and the top-level tables.
 _JOB_KEYS = ("id", "submit", "class", "gpus", "cores", "runtime", "limit_min")
 _TOP_KEYS = ("schema", "site", "params", "testbed", "model", "target", "workload")
@@ -284,8 +281,11 @@ def simulate_plan(w: Workload, pl: Plan, policy: str, *, latency: bool = True,
                     runtime={k: v + extra for k, v in j.runtime.items()})
             for j, wj in zip(pl.jobs[policy], w.jobs, strict=True)]
     parts = {name: partition_nodes(pl.site, model, name) for name in {j.partition for j in jobs}}
-    run = replay_slurm if (backfill or w.backfill) == "slurm" else replay
-    res = run(model, jobs, parts, backfill_depth=pl.params.backfill_depth)
+    if (backfill or w.backfill) == "slurm":
+        res = replay_slurm(model, jobs, parts, backfill_depth=pl.params.backfill_depth,
+                           window_s=pl.params.backfill_window_s)
+    else:
+        res = replay(model, jobs, parts, backfill_depth=pl.params.backfill_depth)
     if res.unfinished:
         raise ConfigError(f"{w.path}: {res.unfinished} jobs never started in the simulator")
     by_index = {r.job.index: r for r in res.records}
