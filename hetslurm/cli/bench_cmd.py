@@ -87,8 +87,9 @@ def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
               help="Queue depths (held jobs) for the controller figures.")
 @click.option("--jobs", type=click.IntRange(10, 10_000), default=100, show_default=True,
               help="Submissions per measurement round.")
-@click.option("--rounds", type=click.IntRange(1, 20), default=5, show_default=True,
-              help="Rounds per depth, alternating with and without the hook.")
+@click.option("--rounds", type=click.IntRange(1, 100), default=10, show_default=True,
+              help="Rounds per depth and side, alternating with and without the hook; the "
+                   "ratio is the median of the back-to-back pairs' ratios.")
 @format_option
 def bench_hook_cmd(site_file: str | None, calls: int, no_testbed: bool, depths: str, jobs: int,
                    rounds: int, output_format: str) -> None:
@@ -159,13 +160,19 @@ def bench_placement_cmd(sizes: str, no_alibaba: bool, calls: int, reference_call
 @click.option("--load", "load_specs", multiple=True, metavar="TRACE=LOAD",
               help="Replay TRACE (alibaba, philly) at LOAD instead of its default "
                    "(repeat for several loads).")
+@click.option("--backfill", "backfills", multiple=True, type=click.Choice(["easy", "slurm"]),
+              help="Backfill model to time (repeat for both) [default: easy and slurm].")
 @format_option
 def bench_simulate_cmd(site_file: str, params_file: str, limit: int | None,
-                       load_specs: tuple[str, ...], output_format: str) -> None:
-    """Replay speed of `hetslurm simulate` per policy on the Alibaba and Philly traces.
+                       load_specs: tuple[str, ...], backfills: tuple[str, ...],
+                       output_format: str) -> None:
+    """Replay speed of `hetslurm simulate` per policy and backfill model on the Alibaba and
+    Philly traces.
 
-    JSON entries: trace, policy, load, jobs, dropped, seconds, jobs_per_s, mean_queue_depth,
-    scheduling_passes, reservations, core_calls, core_builds (docs/simulate.md).
+    JSON entries: trace, policy, backfill, load, jobs, dropped, seconds, jobs_per_s,
+    mean_queue_depth, scheduling_passes, reservations, core_calls, core_builds
+    (docs/simulate.md). Target: the whole Philly trace with EASY backfill within 60 s per
+    policy.
     """
     from hetslurm.simulate.bench import bench_simulate
     from hetslurm.simulate.params import load_params
@@ -182,7 +189,7 @@ def bench_simulate_cmd(site_file: str, params_file: str, limit: int | None,
             raise click.BadParameter(f"{spec!r} is not TRACE=LOAD", param_hint="--load")
     rows = bench_simulate(load_site(site_file), load_params(params_file),
                           policies=("slurm-default", "hetslurm"), limit=limit,
-                          loads=loads or None)
+                          loads=loads or None, backfills=backfills or ("easy", "slurm"))
     emit(rows, output_format, title="simulate benchmark", document=rows)
 
 

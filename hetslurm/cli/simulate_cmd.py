@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -58,13 +59,21 @@ def _default_workload() -> str:
               help="Raise every [speeds] value of --params to this power (0: all models "
                    "equally fast; 2: every speed ratio squared): the speed sensitivity "
                    "sweep of docs/evidence.md.")
+@click.option("--backfill", default=None, type=click.Choice(("slurm", "easy")),
+              help="Backfill model instead of --params' [scheduler] backfill: slurm "
+                   "(Slurm 22.05's rules, validated on the testbed) or easy (EASY "
+                   "backfill, one reservation).")
 @format_option
 def simulate(site_file: str | None, trace_file: str | None, trace_format: str | None,
              params_file: str | None, policies: tuple[str, ...], loads: tuple[float, ...],
              first: int, limit: int | None, plot_dir: str | None, workload_file: str | None,
              testbed_dir: str | None, sim_only: bool, speed_exponent: float,
-             output_format: str) -> None:
-    """Replay a trace through Slurm's FCFS + EASY backfill as each policy configures it.
+             backfill: str | None, output_format: str) -> None:
+    """Replay a trace through Slurm's priority order and backfill as each policy
+    configures it.
+
+    The backfill model is --params' [scheduler] backfill (the committed file: slurm, Slurm
+    22.05's conservative whole-node backfill, the model --validate checks), or --backfill.
 
     Prints one row per policy and load (waits in seconds, energy in kWh) and, with
     --format json, the full measures, a summary per policy (highest load with bounded mean
@@ -82,7 +91,8 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
                                       ("--params", params_file), ("--plot", plot_dir))
                  if v is not None] + (["--load"] if loads else []) + (
                      ["--first"] if first else []) + (
-                     ["--speed-exponent"] if speed_exponent != 1.0 else [])
+                     ["--speed-exponent"] if speed_exponent != 1.0 else []) + (
+                     ["--backfill"] if backfill else [])
         if given:
             raise click.UsageError(f"{', '.join(given)}: not with --validate (the workload "
                                    "file fixes the site, parameters and jobs)")
@@ -106,6 +116,8 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
     params = load_params(params_file)
     if speed_exponent != 1.0:
         params = params.with_speed_exponent(speed_exponent)
+    if backfill is not None:
+        params = replace(params, backfill=backfill)
     trace = read_trace(trace_file, trace_format)
     swept = loads or (1.0,)
     with progress_bar() as bar:

@@ -9,8 +9,8 @@ from typing import Any
 
 from hetslurm.errors import ConfigError
 from hetslurm.placement.model import ClusterModel
-from hetslurm.simulate.engine import replay
-from hetslurm.simulate.params import Params
+from hetslurm.simulate.params import BACKFILLS, Params
+from hetslurm.simulate.run import run_replay
 from hetslurm.simulate.traces import TraceError, read_trace
 from hetslurm.simulate.workload import build_jobs, node_weights, partition_nodes
 from hetslurm.site.model import Site
@@ -29,8 +29,10 @@ def bench_simulate(site: Site, params: Params, *, policies: Sequence[str],
                    limit: int | None = None,
                    runs: Sequence[tuple[str, str, str, float]] = DEFAULT_RUNS,
                    loads: Mapping[str, Sequence[float]] | None = None,
+                   backfills: Sequence[str] = ("easy", "slurm"),
                    ) -> list[dict[str, Any]]:
-    """Time one replay per trace, load and policy (job preparation excluded).
+    """Time one replay per trace, load, backfill model and policy (job preparation
+    excluded).
 
     ``loads`` replaces a run's load by the given ones, by trace name (``{"philly": [0.1,
     0.2]}``); traces it does not name keep their default load.
@@ -39,6 +41,8 @@ def bench_simulate(site: Site, params: Params, *, policies: Sequence[str],
         TraceError: ``$HETSLURM_TRACES`` lacks a trace.
         ConfigError: ``loads`` names a trace the runs lack, or a load <= 0.
     """
+    if not backfills or any(b not in BACKFILLS for b in backfills):
+        raise ConfigError(f"backfill models must be among {', '.join(BACKFILLS)}")
     names = {r[0] for r in runs}
     for name, xs in (loads or {}).items():
         if name not in names:
@@ -55,16 +59,16 @@ def bench_simulate(site: Site, params: Params, *, policies: Sequence[str],
         trace = read_trace(path, fmt)
         sample = trace.jobs[:limit]
         jobs, dropped = build_jobs(sample, fmt, site, params, policies)
-        for load, p in ((x, p) for x in (loads or {}).get(name, (default_load,))
-                        for p in policies):
+        for load, bf, p in ((x, b, p) for x in (loads or {}).get(name, (default_load,))
+                            for b in backfills for p in policies):
             model = node_weights(base, params.policies[p])
             parts = {n: partition_nodes(site, model, n) for n in {j.partition for j in jobs[p]}}
             began = time.perf_counter()
-            res = replay(model, jobs[p], parts, backfill_depth=params.backfill_depth, load=load)
+            res = run_replay(params, model, jobs[p], parts, load=load, backfill=bf)
             seconds = time.perf_counter() - began
             span = max(res.makespan - res.first_submit, 1e-9)
             out.append({
-                "trace": name, "policy": p, "load": load, "jobs": len(jobs[p]),
+                "trace": name, "policy": p, "backfill": bf, "load": load, "jobs": len(jobs[p]),
                 "dropped": sum(dropped.values()), "seconds": round(seconds, 3),
                 "jobs_per_s": round(len(jobs[p]) / seconds, 1) if seconds > 0 else None,
                 "mean_queue_depth": round(res.stats.queue_area / span, 3),

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hetslurm.errors import ConfigError
 from hetslurm.placement.model import ClusterModel
-from hetslurm.simulate.engine import replay
+from hetslurm.simulate.engine import ReplayResult, replay
 from hetslurm.simulate.measures import measure
 from hetslurm.simulate.params import Params
 from hetslurm.simulate.slurm_backfill import replay_slurm
 from hetslurm.simulate.traces import Trace
-from hetslurm.simulate.workload import build_jobs, node_weights, partition_nodes
+from hetslurm.simulate.workload import SimJob, build_jobs, node_weights, partition_nodes
 from hetslurm.site.model import Site
 
 
@@ -37,6 +37,18 @@ class SimulationResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"meta": self.meta, "rows": self.rows, "summary": self.summary}
+
+
+def run_replay(params: Params, model: ClusterModel, jobs: Sequence[SimJob],
+               parts: Mapping[str, Sequence[int]], *, load: float,
+               backfill: str | None = None,
+               progress: Callable[[int], None] | None = None) -> ReplayResult:
+    """One replay with the backfill model ``backfill`` (default: ``[scheduler] backfill``)."""
+    if (backfill or params.backfill) == "slurm":
+        return replay_slurm(model, jobs, parts, backfill_depth=params.backfill_depth,
+                            window_s=params.backfill_window_s, load=load, progress=progress)
+    return replay(model, jobs, parts, backfill_depth=params.backfill_depth, load=load,
+                  progress=progress)
 
 
 def simulate(
@@ -78,14 +90,7 @@ def simulate(
             if progress is not None:
                 def tick(done: int, _p: str = p, _n: int = len(jobs[p])) -> None:
                     progress(_p, done, _n)
-            if params.backfill == "slurm":
-                res = replay_slurm(model, jobs[p], parts,
-                                   backfill_depth=params.backfill_depth,
-                                   window_s=params.backfill_window_s, load=load,
-                                   progress=tick)
-            else:
-                res = replay(model, jobs[p], parts, backfill_depth=params.backfill_depth,
-                             load=load, progress=tick)
+            res = run_replay(params, model, jobs[p], parts, load=load, progress=tick)
             row: dict[str, Any] = {"policy": p, "load": load}
             row.update(measure(model, res))
             row["seconds"] = round(time.perf_counter() - began, 3)
@@ -100,6 +105,8 @@ def simulate(
         "first": first, "jobs_selected": len(sample),
         "jobs_replayed": len(jobs[policies[0]]) if policies else 0,
         "dropped": dropped, "skipped_by_reader": trace.skipped, "params": params.path,
+        "backfill": params.backfill, "backfill_depth": params.backfill_depth,
+        "backfill_window_s": params.backfill_window_s,
     }
     return SimulationResult(rows, summary, meta, traces)
 
