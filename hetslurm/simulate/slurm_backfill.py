@@ -637,12 +637,14 @@ def _earliest_exact(t: float, cx: _FastCtx, sh: _Shape, raw: npt.NDArray[np.floa
             return when, [], None  # nothing now is blocked: the partition's core places it
         alloc = _core_place(cx, sh, cx.now, feasible)
         return when, [], alloc
-    if sh.k == 1 and not any(sh.w[:-2]):
-        # The core's choice for one node: the lowest score (here the node weight times its
-        # term weight), then the lowest index.
+    if not any(sh.w[:-2]) and (sh.k == 1 or len(cx.model.switch_parent) == 1):
+        # The core's choice where the score is the node weight alone and one switch holds
+        # every node (or one node is asked for): the k lowest scores (node weight times its
+        # term weight), ties to the lower index.
         cand = np.flatnonzero(feasible)
-        best = int(cand[np.argmin(weight[cand] * (int(sh.w[6]) * (n + 1)) + cand)])
-        return when, [best], None
+        key = weight[cand] * (int(sh.w[6]) * (n + 1)) + cand
+        best = cand[np.argsort(key, kind="stable")[: sh.k]]
+        return when, sorted(best.tolist()), None
     state = _state_at(cx, when)
     alloc = _core_place(cx, sh, state, feasible)
     return when, alloc.nodes.tolist(), None

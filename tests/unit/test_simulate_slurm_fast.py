@@ -73,3 +73,40 @@ def test_fast_path_equals_reference_on_trace_slices(rel: str, fmt: str, n: int, 
     model, jobs, parts, depth = _trace_jobs(rel, fmt, n, policy)
     res = _same(model, jobs, parts, depth=depth, load=load, window=window)
     assert res.stats.queue_area > 0 and res.stats.reservations > 0
+
+
+def test_fast_path_equals_reference_on_a_flat_site_with_multi_node_jobs() -> None:
+    # validate-site.toml has no switches (one implicit leaf), where the fast path chooses a
+    # multi-node reservation's nodes itself (the k lowest node weights) instead of asking
+    # the core: 2-node 8-GPU jobs among 1-4 GPU and CPU jobs, under both weightings.
+    import random
+
+    from hetslurm.placement.place import ScoreWeights, compile_request
+    from hetslurm.placement.request import Request
+    from hetslurm.simulate.params import PolicyParams
+    from hetslurm.simulate.workload import node_weights
+
+    site = load_site(ROOT / "site-configs" / "validate-site.toml")
+    slurm = ScoreWeights(model=0, islands=0, numa=0, leftover=0, load=0, energy=0, weight=1)
+    for weights in ("site", "uniform"):
+        model = node_weights(ClusterModel.from_site(site), PolicyParams(
+            "p", weights, "gpu", "cpu", False, False, {}))
+        assert len(model.switch_parent) == 1
+        parts = {n: partition_nodes(site, model, n) for n in ("gpu", "cpu")}
+        rng = random.Random(7)
+        jobs, t = [], 0.0
+        for i in range(150):
+            t += rng.expovariate(1 / 20)
+            run = rng.choice((30.0, 120.0, 600.0)) * rng.uniform(0.5, 1.5)
+            gpus = rng.choice((0, 1, 2, 4, 8, 8))
+            nodes = 2 if gpus == 8 else 1
+            req = Request(nodes=nodes, gpus_per_node=gpus // nodes,
+                          cores_per_node=rng.choice((1, 2, 4)), cpu_only=gpus == 0)
+            jobs.append(SimJob(index=i, id=f"f{i}", cls="x", submit=t,
+                               priority=rng.choice((0, 1, 1)),
+                               partition="cpu" if gpus == 0 else "gpu",
+                               kr=compile_request(model, req, slurm),
+                               runtime={m: run for m in (-1, 0, 1)},
+                               time_limit=run * rng.choice((1.0, 2.0)), gpus=gpus))
+        res = _same(model, jobs, parts, depth=50, load=1.0)
+        assert res.stats.reservations > 0 and res.stats.backfilled > 0
