@@ -478,32 +478,49 @@ class _ReleaseView:
 
 
 class _NodeResv:
-    """The whole-node reservations of one backfill pass: per node its spans (start, end),
-    sorted and disjoint (a reservation only takes nodes free of others for its window),
-    and all spans in arrays for the multi-node test."""
+    """The whole-node reservations of one backfill pass: per node its spans, sorted and
+    disjoint (a reservation only takes nodes free of others for its window), in a padded
+    array (row = node, ``inf`` beyond the node's count), and all spans in lists for the
+    multi-node test."""
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.reserved = np.zeros(n, dtype=bool)
-        self.spans: dict[int, list[tuple[float, float]]] = {}
+        self.cnt = np.zeros(n, dtype=np.int64)
+        self.rs = np.full((n, 4), math.inf)
+        self.re = np.full((n, 4), math.inf)
         self.node: list[int] = []
         self.start: list[float] = []
         self.end: list[float] = []
 
     def add(self, nodes: list[int], start: float, end: float) -> None:
         for node in nodes:
-            bisect.insort(self.spans.setdefault(node, []), (start, end))
+            c = int(self.cnt[node])
+            if c == self.rs.shape[1]:
+                pad = np.full((self.n, c), math.inf)
+                self.rs = np.hstack((self.rs, pad))
+                self.re = np.hstack((self.re, pad.copy()))
+            row_s, row_e = self.rs[node], self.re[node]
+            at = int(np.searchsorted(row_s[:c], start, side="right"))
+            row_s[at + 1: c + 1] = row_s[at:c].copy()
+            row_e[at + 1: c + 1] = row_e[at:c].copy()
+            row_s[at], row_e[at] = start, end
+            self.cnt[node] = c + 1
             self.reserved[node] = True
             self.node.append(node)
             self.start.append(start)
             self.end.append(end)
 
-    def push(self, node: int, s: float, limit: float) -> float:
-        """The earliest time >= ``s`` at which ``node`` is free of reservations for
-        ``limit`` seconds (one pass: the spans are sorted and disjoint)."""
-        for rs, re in self.spans[node]:
-            if rs < s + limit and s < re:
-                s = re
+    def push(self, nodes: npt.NDArray[np.int64], s: npt.NDArray[np.float64],
+             limit: float) -> npt.NDArray[np.float64]:
+        """For each of ``nodes``, the earliest time >= ``s`` at which it is free of
+        reservations for ``limit`` seconds (one pass over its spans: they are sorted and
+        disjoint, so a span before the moved start is already behind it)."""
+        s = s.copy()
+        for j in range(int(self.cnt[nodes].max())):
+            rs, re = self.rs[nodes, j], self.re[nodes, j]
+            hit = (rs < s + limit) & (s < re)
+            s[hit] = re[hit]
         return s
 
     def blocked(self, when: float, limit: float) -> npt.NDArray[np.bool_]:
@@ -608,16 +625,12 @@ def _earliest_exact(t: float, cx: _FastCtx, sh: _Shape, raw: npt.NDArray[np.floa
         e = np.where(reserved, math.inf, raw)
         when = float(e.min())
         # A reserved node can only do better than the best free one if its own earliest
-        # time is no later: push those past their reservations, best first.
+        # time is no later: push those past their reservations.
         maybe = np.flatnonzero(reserved & (raw <= when))
         if len(maybe):
-            for node in maybe[np.argsort(raw[maybe], kind="stable")].tolist():
-                if raw[node] > when:
-                    break
-                s = resv.push(node, float(raw[node]), limit)
-                e[node] = s
-                if s < when:
-                    when = s
+            pushed = resv.push(maybe, raw[maybe], limit)
+            e[maybe] = pushed
+            when = min(when, float(pushed.min()))
         if when > horizon:
             return None
         feasible = e == when
