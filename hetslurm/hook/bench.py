@@ -21,6 +21,7 @@ median over round pairs (the two sides' rounds run back to back) of with / witho
 from __future__ import annotations
 
 import gc
+import os
 import re
 import shutil
 import statistics
@@ -138,21 +139,34 @@ def _sdiag_submit(env: dict[str, str]) -> tuple[int, int]:
 
 
 def _cpu_seconds(pid: int | None) -> float | None:
-    """CPU seconds slurmctld's threads have run so far, in nanoseconds' resolution
-    (the first field of /proc/PID/task/TID/schedstat, summed), or None."""
+    """CPU seconds slurmctld has used so far, user and system, its threads that have ended
+    included (utime + stime of /proc/PID/stat, in clock ticks: 10 ms; slurmctld serves each
+    RPC on a thread of its own that ends with it, so summing the live threads' schedstat
+    would miss the submissions' own work), or None."""
     if pid is None:
         return None
-    total = 0
     try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    for task in tasks:
-        try:
-            total += int((task / "schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue  # a thread that ended between listing and reading
-    return total / 1e9
+    fields = stat[stat.rindex(")") + 2:].split()
+    try:
+        ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    except (IndexError, ValueError):
+        return None
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _held_total(env: dict[str, str]) -> int:
+    """Every job slurmctld holds, finished ones not yet purged included."""
+    out = run_command(["squeue", "-h", "-t", "all", "-o", "%i"], timeout=60, env=env).stdout
+    return len(out.split())
+
+
+def _max_job_count(env: dict[str, str]) -> int:
+    out = run_command(["scontrol", "show", "config"], timeout=30, env=env).stdout
+    m = re.search(r"^MaxJobCount\s*=\s*(\d+)", out, re.MULTILINE)
+    return int(m.group(1)) if m else 10_000
 
 
 def _pending(env: dict[str, str]) -> int:
@@ -182,8 +196,10 @@ def depth_result(pending: int, with_us: list[int], without_us: list[int],
         "without_rounds_us": without_us,
     }
     if cpu_with and cpu_without:
-        cw = statistics.median(cpu_with)
-        cwo = statistics.median(cpu_without)
+        # Each round's figure has the clock tick's resolution (10 ms over the round's jobs):
+        # the mean over all rounds is the side's figure.
+        cw = statistics.fmean(cpu_with)
+        cwo = statistics.fmean(cpu_without)
         out.update({
             "with_hook_cpu_us": round(cw, 1),
             "without_hook_cpu_us": round(cwo, 1),
@@ -276,6 +292,17 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
                 say(f"building a queue of {depth} held jobs")
                 with ThreadPoolExecutor(max_workers=4) as pool:
                     list(pool.map(lambda _i: submit(filler), range(missing)))
+            # slurmctld keeps a cancelled job for MinJobAge (300 s) and refuses submissions
+            # once it holds MaxJobCount jobs (10,000): the rounds at this depth must fit.
+            need = depth + 2 * rounds * jobs_per_round + 100
+            limit = _max_job_count(env)
+            deadline = time.monotonic() + 900
+            while _held_total(env) + 2 * rounds * jobs_per_round + 100 > limit:
+                if need > limit or time.monotonic() > deadline:
+                    raise RuntimeError(f"depth {depth} with {rounds} rounds of {jobs_per_round} "
+                                       f"jobs per side does not fit MaxJobCount={limit}")
+                say("waiting for cancelled jobs to leave slurmctld (MinJobAge)")
+                time.sleep(10)
             pending = _pending(env)
             with_us: list[int] = []
             without_us: list[int] = []
