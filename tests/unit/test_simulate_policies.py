@@ -216,15 +216,19 @@ def test_gavel_runtimes_come_from_the_measured_table() -> None:
 def test_bench_simulate_reports_each_trace_and_policy() -> None:
     from hetslurm.simulate.bench import bench_simulate
 
-    rows = bench_simulate(load_site(ROOT / "site-configs" / "case-study.toml"),
-                          load_params(SHIPPED), policies=POLICIES, limit=50)
-    assert [(r["trace"], r["policy"]) for r in rows] == [
-        ("alibaba", "slurm-default"), ("alibaba", "hetslurm"),
-        ("philly", "slurm-default"), ("philly", "hetslurm")]
+    site, params = load_site(ROOT / "site-configs" / "case-study.toml"), load_params(SHIPPED)
+    rows = bench_simulate(site, params, policies=POLICIES, limit=50)
+    # Both backfill models by default, each trace's policies side by side.
+    assert [(r["trace"], r["backfill"], r["policy"]) for r in rows] == [
+        (t, b, p) for t in ("alibaba", "philly") for b in ("easy", "slurm") for p in POLICIES]
     for r in rows:
-        assert {"trace", "policy", "load", "jobs", "seconds", "jobs_per_s",
+        assert {"trace", "policy", "backfill", "load", "jobs", "seconds", "jobs_per_s",
                 "mean_queue_depth"} <= set(r)
         assert 0 < r["jobs"] <= 50 and r["seconds"] > 0
+    only = bench_simulate(site, params, policies=POLICIES, limit=20, backfills=("slurm",))
+    assert {r["backfill"] for r in only} == {"slurm"}
+    with pytest.raises(ConfigError, match="backfill models"):
+        bench_simulate(site, params, policies=POLICIES, limit=20, backfills=("fifo",))
 
 
 def test_cpu_job_wider_than_a_node_spans_nodes(toy: Site, params: Params) -> None:
