@@ -359,6 +359,33 @@ class _Ctx:
     table: _RunTable
 
 
+def setup(model: ClusterModel, jobs: Sequence[SimJob], partitions: Mapping[str, Sequence[int]],
+          fast: bool) -> tuple[dict[str, npt.NDArray[np.uint8]], dict[str, frozenset[int]],
+                               _Layout, _State, Stats, _Cores, list[_Shape]]:
+    """What a replay starts from (shared with :mod:`hetslurm.simulate.slurm_backfill`): a node
+    mask and node set per partition, the layout, the empty state, the counters, the
+    partitions' cores, and each job's request shape (one per distinct request and
+    partition)."""
+    masks: dict[str, npt.NDArray[np.uint8]] = {}
+    node_sets: dict[str, frozenset[int]] = {}
+    for name, idx in partitions.items():
+        m = np.zeros(model.n_nodes, dtype=np.uint8)
+        m[list(idx)] = 1
+        masks[name], node_sets[name] = m, frozenset(idx)
+    lay = _Layout.of(model)
+    stats = Stats()
+    interned: dict[tuple[KernelRequest, str], _Shape] = {}
+    shapes: list[_Shape] = []
+    for j in jobs:
+        sh = interned.get((j.kr, j.partition))
+        if sh is None:
+            sh = _Shape(model, j.kr, j.partition, masks[j.partition], fast)
+            interned[(j.kr, j.partition)] = sh
+        shapes.append(sh)
+    return (masks, node_sets, lay, _State.empty(model, lay), stats,
+            _Cores(model, masks, node_sets, stats), shapes)
+
+
 def replay(
     model: ClusterModel,
     jobs: Sequence[SimJob],
@@ -381,24 +408,7 @@ def replay(
         fast: answer placements by free counts where they decide (the default); False asks
             the placement core every time (the reference path: the same result, slower).
     """
-    masks: dict[str, npt.NDArray[np.uint8]] = {}
-    node_sets: dict[str, frozenset[int]] = {}
-    for name, idx in partitions.items():
-        m = np.zeros(model.n_nodes, dtype=np.uint8)
-        m[list(idx)] = 1
-        masks[name], node_sets[name] = m, frozenset(idx)
-    lay = _Layout.of(model)
-    now = _State.empty(model, lay)
-    stats = Stats()
-    cores_now = _Cores(model, masks, node_sets, stats)
-    interned: dict[tuple[KernelRequest, str], _Shape] = {}
-    shapes: list[_Shape] = []
-    for j in jobs:
-        sh = interned.get((j.kr, j.partition))
-        if sh is None:
-            sh = _Shape(model, j.kr, j.partition, masks[j.partition], fast)
-            interned[(j.kr, j.partition)] = sh
-        shapes.append(sh)
+    masks, node_sets, lay, now, stats, cores_now, shapes = setup(model, jobs, partitions, fast)
     submit = {j.index: j.submit / load for j in jobs}
     events: list[tuple[float, int, int]] = [(submit[j.index], 1, i) for i, j in enumerate(jobs)]
     heapq.heapify(events)

@@ -48,13 +48,13 @@ from hetslurm.simulate.engine import (
     ReplayResult,
     Stats,
     _Cores,
-    _Layout,
     _Placer,
     _Released,
     _RunTable,
     _Shape,
     _State,
     _try,
+    setup,
 )
 
 if TYPE_CHECKING:
@@ -290,24 +290,7 @@ def replay_slurm(
     if not fast:
         return _replay_reference(model, jobs, partitions, backfill_depth=backfill_depth,
                                  load=load, window_s=window_s, progress=progress)
-    masks: dict[str, npt.NDArray[np.uint8]] = {}
-    node_sets: dict[str, frozenset[int]] = {}
-    for name, idx in partitions.items():
-        m = np.zeros(model.n_nodes, dtype=np.uint8)
-        m[list(idx)] = 1
-        masks[name], node_sets[name] = m, frozenset(idx)
-    lay = _Layout.of(model)
-    now = _State.empty(model, lay)
-    stats = Stats()
-    cores_now = _Cores(model, masks, node_sets, stats)
-    interned: dict[tuple[KernelRequest, str], _Shape] = {}
-    shapes: list[_Shape] = []
-    for j in jobs:
-        sh = interned.get((j.kr, j.partition))
-        if sh is None:
-            sh = _Shape(model, j.kr, j.partition, masks[j.partition], True)
-            interned[(j.kr, j.partition)] = sh
-        shapes.append(sh)
+    masks, _, _, now, stats, cores_now, shapes = setup(model, jobs, partitions, True)
     submit = {j.index: j.submit / load for j in jobs}
     events: list[tuple[float, int, int]] = [(submit[j.index], 1, i) for i, j in enumerate(jobs)]
     heapq.heapify(events)
