@@ -99,7 +99,10 @@ def snapshot(env: dict[str, str], ids: list[str]) -> tuple[str, str]:
     shown = run_command(["scontrol", "show", "job", "-o"], timeout=30, env=env).stdout
     mine = sorted(line for line in shown.splitlines()
                   if any(f"JobId={i} " in line for i in ids))
-    text = "\n".join(re.sub(r"(RunTime|LastSchedEval)=\S+", "", line) for line in mine)
+    # What Slurm's own scheduler updates on its next pass (a pending job's Reason, accrue and
+    # planned start times, priority) is left out: only what a rebalance could change counts.
+    volatile = r"(RunTime|LastSchedEval|Reason|AccrueTime|StartTime|EndTime|Scheduler|Priority)=\S+"
+    text = "\n".join(re.sub(volatile, "", line) for line in mine)
     acct = run_command(["sacct", "-n", "-P", "-j", ",".join(ids), "-o",
                         "JobID,State,Submit,Start,End,Restart,ReqTRES,Constraints"],
                        timeout=30, env=env, check=False).stdout
