@@ -27,14 +27,14 @@ local math_floor = math.floor
 local tostring = tostring
 local tonumber = tonumber
 local pcall = pcall
-local select = select
 local type = type
 local pairs = pairs
 local ipairs = ipairs
 
 local M = {}
 
-M.VERSION = 1
+local VERSION = 1
+M.VERSION = VERSION
 
 -- Slurm's "no value" sentinels as the 22.05 plugin hands them over (slurm.h).
 local NO_VAL16 = 65534
@@ -158,18 +158,36 @@ end
 -- The #HET lines of a batch script's header: like #SBATCH, scanning stops at the first line
 -- that is neither blank nor a comment (first non-blank character '#'). A directive line is
 -- "#HET" at column 0 followed by a blank or the end of the line.
--- Returns lines = { {n = line number, text = words after #HET}, ... }, or nil and a message.
-function M.script_directives(script)
-  local lines = {}
-  local limit = #script
-  if limit > M.MAX_SCRIPT_BYTES then
-    limit = M.MAX_SCRIPT_BYTES
+-- Returns lines = { n1, text1, n2, text2, ... } (line number, words after #HET; one flat list,
+-- not a table per line), or nil and a message. A script without #HET lines gets NO_LINES.
+local NO_LINES = {} -- shared and never written
+
+-- The messages of a #HET line that breaks a bound.
+local function too_many_lines(n)
+  return string_format("#HET line %d: more than %d #HET lines; a request has at most 32 words, "
+    .. "so put several on one line", n, M.MAX_DIRECTIVE_LINES)
+end
+
+local function too_many_bytes(n)
+  return string_format("#HET line %d: the #HET lines hold more than 1024 bytes of request (the "
+    .. "size of a Slurm comment); shorten them", n)
+end
+
+-- The words after "#HET" on the line starting at pos (ending at stop), read to at most a little
+-- past the request bound: the grammar refuses longer ones.
+local function directive_text(script, pos, stop)
+  local last = stop
+  if last - (pos + 4) > 1100 then
+    last = pos + 4 + 1100
   end
+  return string_sub(script, pos + 4, last)
+end
+
+-- Line by line, for the rare script whose header may hold a heterogeneous-job separator.
+local function scan_lines(script, limit)
+  local lines, count = NO_LINES, 0
   local pos, n, bytes = 1, 0, 0
   local in_later_component = nil
-  -- Heterogeneous-job separators are rare: look for one only if the words occur at all.
-  local may_separate = string_find(script, "hetjob", 1, true) or
-    string_find(script, "packjob", 1, true)
   while pos <= limit do
     n = n + 1
     local nl = string_find(script, "\n", pos, true)
@@ -188,24 +206,23 @@ function M.script_directives(script)
             .. "would apply to the first component; give a later component its request with "
             .. "#SBATCH --comment=\"het: ...\"", n, in_later_component)
         end
-        if #lines == M.MAX_DIRECTIVE_LINES then
-          return nil, string_format("#HET line %d: more than %d #HET lines; a request has at "
-            .. "most 32 words, so put several on one line", n, M.MAX_DIRECTIVE_LINES)
+        if count == M.MAX_DIRECTIVE_LINES then
+          return nil, too_many_lines(n)
         end
-        -- Read at most a little past the request bound: the grammar refuses longer ones.
-        local last = stop
-        if last - (pos + 4) > 1100 then
-          last = pos + 4 + 1100
-        end
-        local text = string_sub(script, pos + 4, last)
+        local text = directive_text(script, pos, stop)
         bytes = bytes + #text
         if bytes > 1100 then
-          return nil, string_format("#HET line %d: the #HET lines hold more than 1024 bytes "
-            .. "of request (the size of a Slurm comment); shorten them", n)
+          return nil, too_many_bytes(n)
         end
-        lines[#lines + 1] = { n = n, text = text }
+        if count == 0 then
+          lines = { n, text }
+        else
+          lines[count * 2 + 1] = n
+          lines[count * 2 + 2] = text
+        end
+        count = count + 1
       end
-    elseif may_separate and c1 == 83 and c2 == 66 then -- "#SB"
+    elseif c1 == 83 and c2 == 66 then -- "#SB"
       local word = string_match(string_sub(script, pos, pos + 40), "^#SBATCH[ \t]+(%a+)")
       if word == "hetjob" or word == "packjob" then
         in_later_component = n
@@ -215,6 +232,76 @@ function M.script_directives(script)
       break
     end
     pos = nl + 1
+  end
+  return lines
+end
+
+-- The header's end without visiting every line: one pattern search finds the first line whose
+-- first non-blank byte is not '#', and plain searches find the "#HET" line starts before it;
+-- line numbers are counted only up to the directives found.
+function M.script_directives(script)
+  local limit = #script
+  if limit > M.MAX_SCRIPT_BYTES then
+    limit = M.MAX_SCRIPT_BYTES
+  end
+  -- Heterogeneous-job separators are rare: if the words occur at all, go line by line.
+  if string_find(script, "hetjob", 1, true) or string_find(script, "packjob", 1, true) then
+    return scan_lines(script, limit)
+  end
+  local hend = limit + 1 -- the first byte after the header
+  local _, e = string_find(script, "^[ \t\r\f\v]*[^# \t\r\f\v\n]")
+  if e then
+    if e <= limit then
+      hend = 1
+    end
+  else
+    local nl
+    nl, e = string_find(script, "\n[ \t\r\f\v]*[^# \t\r\f\v\n]")
+    if nl and e <= limit then
+      hend = nl + 1
+    end
+  end
+  local lines, count, bytes = NO_LINES, 0, 0
+  local n, counted = 1, 1 -- line n starts at or before `counted`
+  local pos = string_find(script, "^#HET")
+  if not pos then
+    pos = string_find(script, "\n#HET", 1, true)
+    pos = pos and pos + 1
+  end
+  while pos and pos < hend do
+    local nl = string_find(script, "\n", pos, true)
+    local stop = (nl and nl <= limit) and nl - 1 or limit
+    local after = string_byte(script, pos + 4)
+    if pos + 4 > stop or after == 32 or after == 9 or after == 13 then
+      while true do
+        local q = string_find(script, "\n", counted, true)
+        if not q or q >= pos then
+          break
+        end
+        n = n + 1
+        counted = q + 1
+      end
+      if count == M.MAX_DIRECTIVE_LINES then
+        return nil, too_many_lines(n)
+      end
+      local text = directive_text(script, pos, stop)
+      bytes = bytes + #text
+      if bytes > 1100 then
+        return nil, too_many_bytes(n)
+      end
+      if count == 0 then
+        lines = { n, text }
+      else
+        lines[count * 2 + 1] = n
+        lines[count * 2 + 2] = text
+      end
+      count = count + 1
+    end
+    if not nl then
+      break
+    end
+    pos = string_find(script, "\n#HET", nl, true)
+    pos = pos and pos + 1
   end
   return lines
 end
@@ -231,26 +318,27 @@ local function request_text(job)
       return nil, nil, nil, err
     end
   else
-    lines = {}
+    lines = NO_LINES
   end
   local comment = job.comment
-  local from_comment = type(comment) == "string"
-    and string_sub(comment, 1, #M.COMMENT_PREFIX) == M.COMMENT_PREFIX
-  if #lines > 0 and from_comment then
+  -- An anchored find: no substring is made for the usual comment that is not a request.
+  local from_comment = type(comment) == "string" and string_find(comment, "^het:") ~= nil
+  local count = #lines / 2
+  if count > 0 and from_comment then
     return nil, nil, nil, string_format("#HET line %d: the job has #HET lines and a "
-      .. "--comment starting with 'het:'; give the request once", lines[1].n)
+      .. "--comment starting with 'het:'; give the request once", lines[1])
   end
   if from_comment then
     local text = string_sub(comment, #M.COMMENT_PREFIX + 1)
-    return "comment", text, { { n = 0, text = text } }
+    return "comment", text, { 0, text }
   end
-  if #lines == 1 then
-    return "script", lines[1].text, lines
+  if count == 1 then
+    return "script", lines[2], lines
   end
-  if #lines > 0 then
+  if count > 0 then
     local texts = {}
-    for i, l in ipairs(lines) do
-      texts[i] = l.text
+    for i = 1, count do
+      texts[i] = lines[i * 2]
     end
     return "script", table_concat(texts, " "), lines
   end
@@ -266,30 +354,36 @@ end
 
 -- The line an error belongs to: the first prefix of lines that fails with the same message.
 local function locate_error(hetreq, lines, message)
-  if #lines == 1 then
-    return lines[1].n
+  local count = #lines / 2
+  if count == 1 then
+    return lines[1]
   end
   local acc = {}
-  for i, l in ipairs(lines) do
-    acc[i] = l.text
+  for i = 1, count do
+    acc[i] = lines[i * 2]
     local _, msg = hetreq.parse(table_concat(acc, " "))
     if msg == message then
-      return l.n
+      return lines[i * 2 - 1]
     end
   end
-  return lines[#lines].n
+  return lines[count * 2 - 1]
 end
 
 -- The line a key was given on.
 local function line_of_key(lines, key)
-  for _, l in ipairs(lines) do
-    for token in string_gmatch(l.text, "%S+") do
+  for i = 1, #lines, 2 do
+    for token in string_gmatch(lines[i + 1], "%S+") do
       if token == key or string_sub(token, 1, #key + 1) == key .. "=" then
-        return l.n
+        return lines[i]
       end
     end
   end
-  return lines[1] and lines[1].n or 0
+  return lines[1] or 0
+end
+
+-- "#HET line N" (or "--comment het:") for the line a key was given on.
+local function at(source, lines, key)
+  return where(source, line_of_key(lines, key))
 end
 
 -- Explicit device requests -------------------------------------------------------------------
@@ -300,39 +394,38 @@ end
 local TRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket" }
 M.TRES_FIELDS = TRES_FIELDS
 
-local function explicit_devices(job, kind, tres)
-  for _, field in ipairs(TRES_FIELDS) do
-    local value
-    if tres then
-      value = tres[field]
-    else
-      value = job[field]
-    end
-    if nonempty(value) then
-      local index = 0
-      for entry in string_gmatch(value, "[^,]+") do
-        index = index + 1
-        local rest = string_match(entry, "^gres[:/]" .. kind .. "(.*)$")
-        if rest and (rest == "" or string_sub(rest, 1, 1) == ":") then
-          local model, count = nil, nil
-          local parts = {}
-          for p in string_gmatch(rest, "[^:]+") do
-            parts[#parts + 1] = p
-          end
-          if #parts >= 1 and string_find(parts[#parts], "^%d+$") then
-            count = tonumber(parts[#parts])
-            parts[#parts] = nil
-          end
-          if #parts >= 1 then
-            model = parts[1]
-          end
-          return { field = field, value = value, entry = entry, index = index, model = model,
-                   count = count, option = field }
-        end
+local function devices_in(kind, field, value)
+  if not nonempty(value) then
+    return nil
+  end
+  local index = 0
+  for entry in string_gmatch(value, "[^,]+") do
+    index = index + 1
+    local rest = string_match(entry, "^gres[:/]" .. kind .. "(.*)$")
+    if rest and (rest == "" or string_sub(rest, 1, 1) == ":") then
+      local model, count = nil, nil
+      local parts = {}
+      for p in string_gmatch(rest, "[^:]+") do
+        parts[#parts + 1] = p
       end
+      if #parts >= 1 and string_find(parts[#parts], "^%d+$") then
+        count = tonumber(parts[#parts])
+        parts[#parts] = nil
+      end
+      if #parts >= 1 then
+        model = parts[1]
+      end
+      return { field = field, value = value, entry = entry, index = index, model = model,
+               count = count, option = field }
     end
   end
   return nil
+end
+
+-- The first of the four fields (in TRES_FIELDS order) that asks for this kind of device.
+local function explicit_devices(kind, tpn, tpj, tpt, tps)
+  return devices_in(kind, "tres_per_node", tpn) or devices_in(kind, "tres_per_job", tpj)
+    or devices_in(kind, "tres_per_task", tpt) or devices_in(kind, "tres_per_socket", tps)
 end
 M.explicit_devices = explicit_devices
 
@@ -369,16 +462,6 @@ local function model_check(models, site_models, kind, key, site)
   return nil
 end
 
-local function kind_models(devices, site_models)
-  local out = {}
-  for _, d in ipairs(devices) do
-    if contains(site_models, d) then
-      out[#out + 1] = d
-    end
-  end
-  return out
-end
-
 -- Canonical request text for the record: only validated words, so it holds no quote, brace or
 -- byte a reader of the record could trip on.
 local LOCALITY_LEVELS = { "nvlink", "numa", "switch" }
@@ -402,11 +485,14 @@ local function canonical(req, no_gpu_count)
   end
   if req.cores_per_node ~= 1 then w[#w + 1] = "cores=" .. req.cores_per_node end
   if req.mem_per_node_mib then w[#w + 1] = "mem=" .. req.mem_per_node_mib .. "M" end
-  local loc = {}
-  for _, level in ipairs(LOCALITY_LEVELS) do
-    if req.locality[level] then loc[#loc + 1] = level .. ":" .. req.locality[level] end
+  local locality = req.locality
+  if locality.nvlink or locality.numa or locality.switch then
+    local loc = {}
+    for _, level in ipairs(LOCALITY_LEVELS) do
+      if locality[level] then loc[#loc + 1] = level .. ":" .. locality[level] end
+    end
+    w[#w + 1] = "locality=" .. table_concat(loc, ",")
   end
-  if #loc > 0 then w[#w + 1] = "locality=" .. table_concat(loc, ",") end
   if req.locality.switch_wait_s then w[#w + 1] = "switch-wait=" .. req.locality.switch_wait_s end
   if req.workload_class then w[#w + 1] = "class=" .. req.workload_class end
   if req.priority ~= "normal" then w[#w + 1] = "priority=" .. req.priority end
@@ -418,37 +504,61 @@ end
 M.canonical = canonical
 
 -- The decision record: one namespaced segment, `<key>:{...}`, a flat JSON object whose
--- values hold no brace or quote. Fields are dropped from the end until it fits the bound.
-local RECORD_ORDER = { "v", "rules", "mode", "src", "outcome", "class", "gpu", "fpga", "set",
-                       "kept", "on_idle", "energy", "req" }
-
+-- values hold no brace or quote. Its fields, in this order: v, rules, mode, src, outcome, class,
+-- gpu, fpga, set, kept, on_idle, energy, req; an absent or empty one is left out. Fields are
+-- dropped from the end until it fits the bound.
+--
 -- Values that may come from the job's own options (a GPU or FPGA type named in --gres) are
 -- cleaned; the others are built by the hook from the grammar's checked tokens and the site's
 -- checked names, so they hold only these characters already.
 local RECORD_UNSAFE = "[^%w _%-.|,:=@]"
-local RECORD_FOREIGN = { gpu = true, fpga = true }
 
--- The values come as arguments in RECORD_ORDER (no table of them is built per call).
-local function record_segment(key, max_bytes, ...)
-  local parts, n = {}, 0
-  for i = 1, #RECORD_ORDER do
-    local name = RECORD_ORDER[i]
-    local v = (select(i, ...))
-    if v ~= nil and v ~= "" then
-      n = n + 1
-      if type(v) == "number" then
-        parts[n] = '"' .. name .. '":' .. v
-      else
-        local safe = tostring(v)
-        if RECORD_FOREIGN[name] and string_find(safe, RECORD_UNSAFE) then
-          safe = string_gsub(safe, RECORD_UNSAFE, "?")
-        end
-        parts[n] = '"' .. name .. '":"' .. safe .. '"'
-      end
-    end
+local function foreign(v)
+  if string_find(v, RECORD_UNSAFE) then
+    return (string_gsub(v, RECORD_UNSAFE, "?"))
   end
-  -- Fields are dropped from the end until the segment fits (the first three always stay).
-  local seg = key .. ":{" .. table_concat(parts, ",") .. "}"
+  return v
+end
+
+-- One string.format for the whole segment: inside slurmctld this runs cold, once per
+-- submission, and every string made on the way (each '..' makes one) is an allocation the
+-- controller pays for. Each optional field is two pieces, '","name":"' and its value (each
+-- value's closing quote is the next piece's first byte); an absent field gets "" for both.
+local RECORD_FORMAT = '%s:{"v":%d,"rules":"%s","mode":"%s","src":"%s","outcome":"rewrite'
+  .. string.rep("%s%s", 8) .. '"}'
+
+local function record_segment(key, max_bytes, digest, mode, src, class, gpu, fpga, set, kept,
+                              on_idle, energy, req)
+  if gpu then gpu = foreign(gpu) end
+  if fpga then fpga = foreign(fpga) end
+  if set == "" then set = nil end
+  if kept == "" then kept = nil end
+  if req == "" then req = nil end
+  local seg = string_format(RECORD_FORMAT, key, VERSION, digest, mode, src,
+    class and '","class":"' or "", class or "",
+    gpu and '","gpu":"' or "", gpu or "",
+    fpga and '","fpga":"' or "", fpga or "",
+    set and '","set":"' or "", set or "",
+    kept and '","kept":"' or "", kept or "",
+    on_idle and '","on_idle":"' or "", on_idle or "",
+    energy and '","energy":"' or "", energy or "",
+    req and '","req":"' or "", req or "")
+  if #seg <= max_bytes then
+    return seg
+  end
+  -- Too long: fields are dropped from the end until it fits (the first three always stay).
+  local parts = { '"v":' .. VERSION, '"rules":"' .. digest .. '"', '"mode":"' .. mode .. '"',
+                  '"src":"' .. src .. '"', '"outcome":"rewrite"' }
+  local n = 5
+  if class then n = n + 1; parts[n] = '"class":"' .. class .. '"' end
+  if gpu then n = n + 1; parts[n] = '"gpu":"' .. gpu .. '"' end
+  if fpga then n = n + 1; parts[n] = '"fpga":"' .. fpga .. '"' end
+  if set then n = n + 1; parts[n] = '"set":"' .. set .. '"' end
+  if kept then n = n + 1; parts[n] = '"kept":"' .. kept .. '"' end
+  if on_idle then n = n + 1; parts[n] = '"on_idle":"' .. on_idle .. '"' end
+  if energy then n = n + 1; parts[n] = '"energy":"' .. energy .. '"' end
+  if req then n = n + 1; parts[n] = '"req":"' .. req .. '"' end
+  seg = key .. ":{" .. table_concat(parts, ",") .. "}"
   while #seg > max_bytes and n > 3 do
     parts[n] = nil
     n = n - 1
@@ -486,6 +596,9 @@ M.merge_record = merge_record
 
 -- The decision ---------------------------------------------------------------------------------
 
+-- The decision for a job without a request: shared, never written.
+local NO_REQUEST = { action = "none", nw = 0 }
+
 local function reject(d, code, message)
   d.action = "reject"
   d.code = code
@@ -493,13 +606,43 @@ local function reject(d, code, message)
   return d
 end
 
+-- notes, kept and writes are made on first use: most jobs need none of them.
 local function note(d, text)
-  d.notes[#d.notes + 1] = printable(text, 300)
+  local notes = d.notes
+  if not notes then
+    notes = {}
+    d.notes = notes
+  end
+  notes[#notes + 1] = printable(text, 300)
 end
 
-local function stage(d, field, value)
-  d.writes[#d.writes + 1] = { field, value }
-  d.written[field] = value
+-- A field the job set itself and the hook left alone.
+local function keep(d, field)
+  local kept = d.kept
+  if not kept then
+    kept = {}
+    d.kept = kept
+  end
+  kept[#kept + 1] = field
+end
+
+-- A write is staged with the field's value before it (as decide read it), so apply can restore
+-- it without reading the job again: d.writes holds field, value, old for each write in order
+-- (old false where the field was unset), d.nw counts them. One flat list, no table per write.
+local function stage(d, field, value, old)
+  local w, i = d.writes, d.nw * 3
+  if not w then
+    -- Room for four writes (most rewrites) from the start.
+    w = { nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil }
+    d.writes = w
+  end
+  w[i + 1] = field
+  w[i + 2] = value
+  if old == nil then
+    old = false
+  end
+  w[i + 3] = old
+  d.nw = d.nw + 1
 end
 
 local function may_use_high(job, rules)
@@ -520,27 +663,30 @@ end
 
 -- decide(job, rules, hetreq, slurm) -> decision table (see docs/hook.md):
 --   action   "none" (no request), "rewrite" or "reject"
---   writes   { {field, value}, ... } in write order; notes: lines for the user
---   code, message (reject); record (the segment written to rules.record.field); log (one line)
+--   writes   { field, value, old, field, value, old, ... } in write order, nw of them;
+--            notes: lines for the user
+--   code, message (reject); record (the segment written to rules.record.field)
 function M.decide(job, rules, hetreq, slurm)
   local C = codes(slurm)
-  local d = { action = "none", writes = {}, written = {}, notes = {}, kept = {} }
   local source, text, lines, err = request_text(job)
+  if not source and not err then
+    return NO_REQUEST
+  end
+  -- One constructor sized for the fields a rewrite usually gets (no rehash as it fills).
+  local d = { action = "none", nw = 0, writes = nil, record = nil, done = nil, notes = nil,
+              kept = nil }
   if err then
     return reject(d, C.generic, err)
   end
-  if not source then
-    return d
-  end
-  d.source = source
 
   -- Each job_desc read is a C call that walks the plugin's list of names: read these once.
-  local tres = {}
-  for _, field in ipairs(TRES_FIELDS) do
-    tres[field] = job[field]
+  local tpn, tpj, tpt, tps = job.tres_per_node, job.tres_per_job, job.tres_per_task,
+    job.tres_per_socket
+  local gpu_explicit, fpga_explicit
+  if tpn or tpj or tpt or tps then
+    gpu_explicit = explicit_devices("gpu", tpn, tpj, tpt, tps)
+    fpga_explicit = explicit_devices("fpga", tpn, tpj, tpt, tps)
   end
-  local gpu_explicit = explicit_devices(job, "gpu", tres)
-  local fpga_explicit = explicit_devices(job, "fpga", tres)
 
   local req, msg = hetreq.parse(text)
   local synthetic_gpus = false
@@ -557,29 +703,24 @@ function M.decide(job, rules, hetreq, slurm)
     local family = key and KEY_CODE[key] or "generic"
     return reject(d, C[family], where(source, n) .. ": " .. msg)
   end
-  d.request = canonical(req, synthetic_gpus)
-  local given = {}
-  for _, k in ipairs(req.given) do
-    given[k] = true
-  end
+  local request = canonical(req, synthetic_gpus)
+  -- The keys the text named (hetreq's key -> word map; this call's own table).
+  local given = req.tokens
   if synthetic_gpus then
     given["gpus-per-node"] = nil
-  end
-  local function at(key)
-    return where(source, line_of_key(lines, key))
   end
 
   -- Models named in the request exist on this site (checked first, as resolve() does).
   if given["gpu-type"] and #req.gpu_models > 0 then
     local bad = model_check(req.gpu_models, rules.gpu_models, "GPU", "gpu-type", rules.site)
     if bad then
-      return reject(d, C.gres, at("gpu-type") .. ": " .. bad)
+      return reject(d, C.gres, at(source, lines, "gpu-type") .. ": " .. bad)
     end
   end
   if #req.fpga_models > 0 then
     local bad = model_check(req.fpga_models, rules.fpga_models, "FPGA", "fpga", rules.site)
     if bad then
-      return reject(d, C.gres, at("fpga") .. ": " .. bad)
+      return reject(d, C.gres, at(source, lines, "fpga") .. ": " .. bad)
     end
   end
 
@@ -589,30 +730,30 @@ function M.decide(job, rules, hetreq, slurm)
     cls = rules.classes[req.workload_class]
     if not cls then
       return reject(d, C.feature, string_format(
-        "%s: class=%s: site '%s' has no such class%s; classes: %s", at("class"),
+        "%s: class=%s: site '%s' has no such class%s; classes: %s", at(source, lines, "class"),
         req.workload_class, rules.site, did_you_mean(req.workload_class, rules.class_names),
         join(rules.class_names, ", ")))
     end
-    d.class = req.workload_class
   end
 
   -- GPUs -------------------------------------------------------------------------------
   local gpu_count_given = given["gpus"] or given["gpus-per-node"]
   local gpu_job, gpu_count, gpu_models, gpu_typed_explicit
+  local gpu_text, fpga_text -- the record's gpu and fpga values
   if gpu_explicit then
     gpu_job = (gpu_explicit.count == nil) or gpu_explicit.count > 0
     if gpu_count_given then
       note(d, string_format("%s: gpus ignored: the job asks for GPUs with %s (%s)",
-        at(given["gpus"] and "gpus" or "gpus-per-node"), OPTION_OF[gpu_explicit.field],
-        gpu_explicit.entry))
-      d.kept[#d.kept + 1] = gpu_explicit.field
+        at(source, lines, given["gpus"] and "gpus" or "gpus-per-node"),
+        OPTION_OF[gpu_explicit.field], gpu_explicit.entry))
+      keep(d, gpu_explicit.field)
     end
     if gpu_explicit.model then
       gpu_typed_explicit = true
       if given["gpu-type"] then
         note(d, string_format("%s: gpu-type ignored: the job names GPU type '%s' with %s",
-          at("gpu-type"), gpu_explicit.model, OPTION_OF[gpu_explicit.field]))
-        d.kept[#d.kept + 1] = gpu_explicit.field
+          at(source, lines, "gpu-type"), gpu_explicit.model, OPTION_OF[gpu_explicit.field]))
+        keep(d, gpu_explicit.field)
       end
       gpu_models = { gpu_explicit.model }
     end
@@ -625,27 +766,27 @@ function M.decide(job, rules, hetreq, slurm)
     if gpu_job or req.fpgas_per_node > 0 or (fpga_explicit and (fpga_explicit.count or 1) > 0) then
       return reject(d, C.config, string_format(
         "%s: class=%s runs on CPU-only nodes, but the job asks for GPUs or FPGAs; drop them or "
-        .. "choose another class (%s)", at("class"), req.workload_class,
+        .. "choose another class (%s)", at(source, lines, "class"), req.workload_class,
         join(rules.class_names, ", ")))
     end
   end
 
   if gpu_job and #rules.gpu_models == 0 then
     return reject(d, C.gres, string_format("%s: the job asks for GPUs; site '%s' has none",
-      at(given["gpus"] and "gpus" or "gpus-per-node"), rules.site))
+      at(source, lines, given["gpus"] and "gpus" or "gpus-per-node"), rules.site))
   end
 
   if gpu_job and not gpu_typed_explicit then
     if given["gpu-type"] and #req.gpu_models > 0 then
       local bad = model_check(req.gpu_models, rules.gpu_models, "GPU", "gpu-type", rules.site)
       if bad then
-        return reject(d, C.gres, at("gpu-type") .. ": " .. bad)
+        return reject(d, C.gres, at(source, lines, "gpu-type") .. ": " .. bad)
       end
       gpu_models = req.gpu_models
     elseif given["gpu-type"] then
       gpu_models = {} -- gpu-type=any beats the class
     elseif cls then
-      gpu_models = kind_models(cls.devices, rules.gpu_models)
+      gpu_models = cls.gpu_models -- the class's GPU models in its order (prepare)
     else
       gpu_models = {}
     end
@@ -663,17 +804,18 @@ function M.decide(job, rules, hetreq, slurm)
       elseif named then
         return reject(d, C.gres, string_format(
           "%s: min-gpu-mem=%dM: gpu-type %s has %s; drop it or lower min-gpu-mem",
-          at("min-gpu-mem"), floor, m, mem and (mem .. " MiB") or "unknown memory"))
+          at(source, lines, "min-gpu-mem"), floor, m, mem and (mem .. " MiB") or "unknown memory"))
       end
     end
     if #keep == 0 then
       return reject(d, C.gres, string_format("%s: min-gpu-mem=%dM: no GPU model of site '%s' "
-        .. "has that much memory", at("min-gpu-mem"), floor, rules.site))
+        .. "has that much memory", at(source, lines, "min-gpu-mem"), floor, rules.site))
     end
     gpu_models = keep
   end
 
-  if gpu_job and req.energy == "low" and #rules.energy_low_models > 0 and not gpu_typed_explicit then
+  if gpu_job and req.energy == "low" and #rules.energy_low_models > 0
+      and not gpu_typed_explicit then
     local pool = (#gpu_models > 0) and gpu_models or rules.gpu_models
     local keep = {}
     for _, m in ipairs(pool) do
@@ -684,8 +826,8 @@ function M.decide(job, rules, hetreq, slurm)
     if #keep > 0 then
       gpu_models = keep
     else
-      note(d, at("energy") .. ": energy=low: none of the acceptable GPU models is one of the "
-        .. "site's low-energy models; the job keeps its models")
+      note(d, at(source, lines, "energy") .. ": energy=low: none of the acceptable GPU models "
+        .. "is one of the site's low-energy models; the job keeps its models")
     end
   end
 
@@ -695,8 +837,8 @@ function M.decide(job, rules, hetreq, slurm)
     fpga_job = (fpga_explicit.count == nil) or fpga_explicit.count > 0
     if given["fpga"] then
       note(d, string_format("%s: fpga ignored: the job asks for FPGAs with --gres (%s)",
-        at("fpga"), fpga_explicit.entry))
-      d.kept[#d.kept + 1] = fpga_explicit.field
+        at(source, lines, "fpga"), fpga_explicit.entry))
+      keep(d, fpga_explicit.field)
     end
     fpga_typed_explicit = fpga_explicit.model ~= nil
   else
@@ -704,16 +846,16 @@ function M.decide(job, rules, hetreq, slurm)
     if fpga_job then
       if #rules.fpga_models == 0 then
         return reject(d, C.gres, string_format("%s: the job asks for FPGAs; site '%s' has none",
-          at("fpga"), rules.site))
+          at(source, lines, "fpga"), rules.site))
       end
       if #req.fpga_models > 0 then
         local bad = model_check(req.fpga_models, rules.fpga_models, "FPGA", "fpga", rules.site)
         if bad then
-          return reject(d, C.gres, at("fpga") .. ": " .. bad)
+          return reject(d, C.gres, at(source, lines, "fpga") .. ": " .. bad)
         end
         fpga_models = req.fpga_models
       elseif cls then
-        fpga_models = kind_models(cls.devices, rules.fpga_models)
+        fpga_models = cls.fpga_models
       else
         fpga_models = {}
       end
@@ -721,153 +863,171 @@ function M.decide(job, rules, hetreq, slurm)
   end
 
   -- Mechanisms: gres and features ------------------------------------------------------
-  local features = {}
-  local gres_new = {}
+  -- At most one feature expression may be added (nfeatures counts the candidates) and at most
+  -- a GPU and an FPGA entry appended to tres_per_node: locals, not lists.
+  local feature, nfeatures = nil, 0
+  local gres_new
+  local typed_tres -- tres_per_node as staged above, when the job's own --gres got its type
   if gpu_job and not gpu_typed_explicit then
     if gpu_explicit then
       if #gpu_models == 1 then
         -- The job's own count, now typed: hard.
         local typed = string_format("gres:gpu:%s:%s", gpu_models[1],
           tostring(gpu_explicit.count or 1))
-        stage(d, gpu_explicit.field, replace_entry(gpu_explicit.value, gpu_explicit.index, typed))
+        typed_tres = replace_entry(gpu_explicit.value, gpu_explicit.index, typed)
+        stage(d, gpu_explicit.field, typed_tres, gpu_explicit.value)
+        if gpu_explicit.field ~= "tres_per_node" then
+          typed_tres = nil
+        end
       elseif #gpu_models > 1 then
-        features[#features + 1] = join(gpu_models, "|")
+        feature, nfeatures = join(gpu_models, "|"), 1
       end
     else
       if #gpu_models == 1 then
-        gres_new[#gres_new + 1] = string_format("gres:gpu:%s:%d", gpu_models[1], gpu_count)
+        gres_new = string_format("gres:gpu:%s:%d", gpu_models[1], gpu_count)
       else
-        gres_new[#gres_new + 1] = string_format("gres:gpu:%d", gpu_count)
+        gres_new = string_format("gres:gpu:%d", gpu_count)
         if #gpu_models > 1 then
-          features[#features + 1] = join(gpu_models, "|")
+          feature, nfeatures = join(gpu_models, "|"), 1
         end
       end
     end
   end
   if gpu_job then
-    d.gpu = (gpu_models and #gpu_models > 0) and join(gpu_models, "|") or "any"
+    gpu_text = (gpu_models and #gpu_models > 0) and (feature or join(gpu_models, "|")) or "any"
   end
   if fpga_job and not fpga_explicit then
+    local entry
     if #fpga_models == 1 then
-      gres_new[#gres_new + 1] = string_format("gres:fpga:%s:%d", fpga_models[1], req.fpgas_per_node)
+      entry = string_format("gres:fpga:%s:%d", fpga_models[1], req.fpgas_per_node)
     else
-      gres_new[#gres_new + 1] = string_format("gres:fpga:%d", req.fpgas_per_node)
+      entry = string_format("gres:fpga:%d", req.fpgas_per_node)
       if #fpga_models > 1 then
-        features[#features + 1] = join(fpga_models, "|")
+        nfeatures = nfeatures + 1
+        feature = feature or join(fpga_models, "|")
       end
     end
+    gres_new = gres_new and (gres_new .. "," .. entry) or entry
   end
   if fpga_job then
-    d.fpga = fpga_typed_explicit and fpga_explicit.model
+    fpga_text = fpga_typed_explicit and fpga_explicit.model
       or ((fpga_models and #fpga_models > 0) and join(fpga_models, "|") or "any")
   end
   if cls and cls.cpu_only then
-    features[#features + 1] = rules.cpu_feature
+    nfeatures = nfeatures + 1
+    feature = feature or rules.cpu_feature
   end
 
-  if #gres_new > 0 then
-    local tpn = tres.tres_per_node
-    if nonempty(tpn) and not d.written.tres_per_node then
-      stage(d, "tres_per_node", tpn .. "," .. table_concat(gres_new, ","))
-    elseif d.written.tres_per_node then
-      stage(d, "tres_per_node", d.written.tres_per_node .. "," .. table_concat(gres_new, ","))
-    else
-      stage(d, "tres_per_node", table_concat(gres_new, ","))
+  if gres_new then
+    local new = gres_new
+    if typed_tres then
+      new = typed_tres .. "," .. new
+    elseif nonempty(tpn) then
+      new = tpn .. "," .. new
     end
+    stage(d, "tres_per_node", new, tpn)
   end
 
-  if #features > 1 then
+  if nfeatures > 1 then
     -- Two OR groups joined by '&' have no grouping Slurm 22.05 documents for this use.
     return reject(d, C.feature, string_format("%s: a GPU model list and an FPGA model list "
       .. "cannot both be enforced in one job on Slurm 22.05; name one model for one of them",
-      at("gpu-type")))
+      at(source, lines, "gpu-type")))
   end
-  if #features == 1 then
-    local mine = features[1]
+  if feature then
+    local mine = feature
     local theirs = job.features
     if nonempty(theirs) then
       if string_find(mine, "|", 1, true) or not and_only(theirs) then
         note(d, string_format("%s: --constraint=%s kept; '%s' not added: add it to your "
-          .. "--constraint or drop --constraint", at(cls and cls.cpu_only and "class" or "gpu-type"),
+          .. "--constraint or drop --constraint",
+          at(source, lines, cls and cls.cpu_only and "class" or "gpu-type"),
           printable(theirs, 60), mine))
-        d.kept[#d.kept + 1] = "features"
+        keep(d, "features")
       else
-        stage(d, "features", theirs .. "&" .. mine)
+        stage(d, "features", theirs .. "&" .. mine, theirs)
       end
     else
-      stage(d, "features", mine)
+      stage(d, "features", mine, theirs)
     end
   end
 
   -- Partition and QOS ------------------------------------------------------------------
   if cls and cls.partition then
-    if nonempty(job.partition) then
-      if job.partition ~= cls.partition then
+    local partition = job.partition
+    if nonempty(partition) then
+      if partition ~= cls.partition then
         note(d, string_format("%s: --partition=%s kept over class=%s's partition %s",
-          at("class"), printable(job.partition, 60), req.workload_class, cls.partition))
-        d.kept[#d.kept + 1] = "partition"
+          at(source, lines, "class"), printable(partition, 60), req.workload_class,
+          cls.partition))
+        keep(d, "partition")
       end
     else
-      stage(d, "partition", cls.partition)
+      stage(d, "partition", cls.partition, partition)
     end
   end
 
   if req.priority == "high" and not may_use_high(job, rules) then
     return reject(d, C.access, string_format("%s: priority=high is not allowed for user %s "
-      .. "(site policy); use priority=normal or ask the site's admins", at("priority"),
-      printable(tostring(job.user_name or job.user_id), 40)))
+      .. "(site policy); use priority=normal or ask the site's admins",
+      at(source, lines, "priority"), printable(tostring(job.user_name or job.user_id), 40)))
   end
   local qos = rules.priority_qos[req.priority]
   if not (given["priority"] and qos) then
     qos = cls and cls.qos or nil
   end
   if qos then
-    if nonempty(job.qos) then
-      if job.qos ~= qos then
-        note(d, string_format("%s: --qos=%s kept over %s", at(given["priority"] and "priority"
-          or "class"), printable(job.qos, 60), qos))
-        d.kept[#d.kept + 1] = "qos"
+    local job_qos = job.qos
+    if nonempty(job_qos) then
+      if job_qos ~= qos then
+        note(d, string_format("%s: --qos=%s kept over %s",
+          at(source, lines, given["priority"] and "priority" or "class"),
+          printable(job_qos, 60), qos))
+        keep(d, "qos")
       end
     else
-      stage(d, "qos", qos)
+      stage(d, "qos", qos, job_qos)
     end
   end
 
   -- Nodes, cores, memory ---------------------------------------------------------------
   local nodes = req.nodes
+  local min_nodes = job.min_nodes
   if given["nodes"] then
-    if is_set32(job.min_nodes) then
-      if job.min_nodes ~= req.nodes then
-        note(d, string_format("%s: nodes ignored: the job asks for -N %d", at("nodes"),
-          job.min_nodes))
-        d.kept[#d.kept + 1] = "min_nodes"
+    if is_set32(min_nodes) then
+      if min_nodes ~= req.nodes then
+        note(d, string_format("%s: nodes ignored: the job asks for -N %d",
+          at(source, lines, "nodes"), min_nodes))
+        keep(d, "min_nodes")
       end
-      nodes = job.min_nodes
+      nodes = min_nodes
     else
-      stage(d, "min_nodes", req.nodes)
-      stage(d, "max_nodes", req.nodes)
+      stage(d, "min_nodes", req.nodes, min_nodes)
+      stage(d, "max_nodes", req.nodes, job.max_nodes)
     end
-  elseif is_set32(job.min_nodes) then
-    nodes = job.min_nodes
+  elseif is_set32(min_nodes) then
+    nodes = min_nodes
   end
 
   if given["cores"] then
-    if is_set16(job.pn_min_cpus) or is_set16(job.cpus_per_task)
+    local pn_min_cpus = job.pn_min_cpus
+    if is_set16(pn_min_cpus) or is_set16(job.cpus_per_task)
         or is_set16(job.ntasks_per_node) or is_set32(job.num_tasks) then
-      note(d, at("cores") .. ": cores ignored: the job sets its own task layout "
+      note(d, at(source, lines, "cores") .. ": cores ignored: the job sets its own task layout "
         .. "(--ntasks, --cpus-per-task, --ntasks-per-node or --mincpus)")
-      d.kept[#d.kept + 1] = "pn_min_cpus"
+      keep(d, "pn_min_cpus")
     else
-      stage(d, "pn_min_cpus", req.cores_per_node)
+      stage(d, "pn_min_cpus", req.cores_per_node, pn_min_cpus)
     end
   end
 
   if req.mem_per_node_mib then
-    if job.min_mem_per_node ~= nil or job.min_mem_per_cpu ~= nil then
-      note(d, at("mem") .. ": mem ignored: the job sets --mem or --mem-per-cpu")
-      d.kept[#d.kept + 1] = "min_mem_per_node"
+    local min_mem_per_node = job.min_mem_per_node
+    if min_mem_per_node ~= nil or job.min_mem_per_cpu ~= nil then
+      note(d, at(source, lines, "mem") .. ": mem ignored: the job sets --mem or --mem-per-cpu")
+      keep(d, "min_mem_per_node")
     else
-      stage(d, "min_mem_per_node", req.mem_per_node_mib)
+      stage(d, "min_mem_per_node", req.mem_per_node_mib, min_mem_per_node)
     end
   end
 
@@ -876,69 +1036,88 @@ function M.decide(job, rules, hetreq, slurm)
   local has_devices = gpu_job or fpga_job
   local bind = (loc.nvlink == "required") or (loc.numa == "required" and has_devices)
   if bind then
-    local flags = job.bitflags
+    local job_flags = job.bitflags
+    local flags = job_flags
     local enforce = slurm.GRES_ENFORCE_BIND or 16
     local disable = slurm.GRES_DISABLE_BIND or 524288
     if type(flags) ~= "number" then
       flags = 0
     end
     if math_floor(flags / disable) % 2 == 1 then
-      note(d, at("locality") .. ": --gres-flags=disable-binding kept; locality not enforced")
-      d.kept[#d.kept + 1] = "bitflags"
+      note(d, at(source, lines, "locality")
+        .. ": --gres-flags=disable-binding kept; locality not enforced")
+      keep(d, "bitflags")
     elseif math_floor(flags / enforce) % 2 == 0 then
-      stage(d, "bitflags", flags + enforce)
+      stage(d, "bitflags", flags + enforce, job_flags)
     end
   end
   if loc.numa == "required" and not has_devices then
-    if is_set16(job.sockets_per_node) then
-      note(d, at("locality") .. ": numa: the job's --sockets-per-node kept")
-      d.kept[#d.kept + 1] = "sockets_per_node"
+    local sockets_per_node = job.sockets_per_node
+    if is_set16(sockets_per_node) then
+      note(d, at(source, lines, "locality") .. ": numa: the job's --sockets-per-node kept")
+      keep(d, "sockets_per_node")
     else
-      stage(d, "sockets_per_node", 1)
-      if given["cores"] and not is_set16(job.cores_per_socket) then
-        stage(d, "cores_per_socket", req.cores_per_node)
+      stage(d, "sockets_per_node", 1, sockets_per_node)
+      local cores_per_socket = given["cores"] and job.cores_per_socket
+      if given["cores"] and not is_set16(cores_per_socket) then
+        stage(d, "cores_per_socket", req.cores_per_node, cores_per_socket)
       end
     end
   end
   if loc.switch then
-    if is_set32(job.req_switch) then
-      note(d, at("locality") .. ": the job's --switches kept")
-      d.kept[#d.kept + 1] = "req_switch"
+    local req_switch = job.req_switch
+    if is_set32(req_switch) then
+      note(d, at(source, lines, "locality") .. ": the job's --switches kept")
+      keep(d, "req_switch")
     elseif nodes > 1 then
-      stage(d, "req_switch", 1)
-      stage(d, "wait4switch", loc.switch_wait_s or rules.switch_wait_default)
+      stage(d, "req_switch", 1, req_switch)
+      stage(d, "wait4switch", loc.switch_wait_s or rules.switch_wait_default, job.wait4switch)
     else
-      note(d, at("locality") .. ": switch: a one-node job is always under one switch")
+      note(d, at(source, lines, "locality")
+        .. ": switch: a one-node job is always under one switch")
     end
   end
 
   -- Requeue ----------------------------------------------------------------------------
   if req.no_requeue then
-    if is_set16(job.requeue) and job.requeue ~= 0 then
-      note(d, at("no-requeue") .. ": no-requeue ignored: the job asks for --requeue")
-      d.kept[#d.kept + 1] = "requeue"
-    elseif not is_set16(job.requeue) then
-      stage(d, "requeue", 0)
+    local requeue = job.requeue
+    if is_set16(requeue) and requeue ~= 0 then
+      note(d, at(source, lines, "no-requeue")
+        .. ": no-requeue ignored: the job asks for --requeue")
+      keep(d, "requeue")
+    elseif not is_set16(requeue) then
+      stage(d, "requeue", 0, requeue)
     end
   end
 
   -- The record -------------------------------------------------------------------------
   d.action = "rewrite"
-  local set = {}
-  for _, w in ipairs(d.writes) do
-    set[#set + 1] = w[1]
-  end
   local rec = rules.record
   if rec.field ~= "none" then
-    -- In RECORD_ORDER: v, rules, mode, src, outcome, class, gpu, fpga, set, kept, on_idle,
-    -- energy, req.
-    local seg = record_segment(rec.key, rec.max_bytes, M.VERSION, rules.digest, rules.mode,
-      source, "rewrite", req.workload_class, d.gpu, d.fpga, join(set, ","), join(d.kept, ","),
-      req.on_idle, req.energy ~= "normal" and req.energy or nil, d.request)
+    local w, nw, set = d.writes, d.nw, ""
+    -- One concatenation for the usual few fields (each '..' step would make a string).
+    if nw == 1 then
+      set = w[1]
+    elseif nw == 2 then
+      set = w[1] .. "," .. w[4]
+    elseif nw == 3 then
+      set = w[1] .. "," .. w[4] .. "," .. w[7]
+    elseif nw == 4 then
+      set = w[1] .. "," .. w[4] .. "," .. w[7] .. "," .. w[10]
+    elseif nw > 4 then
+      local names = {}
+      for i = 1, nw do
+        names[i] = w[i * 3 - 2]
+      end
+      set = table_concat(names, ",")
+    end
+    local seg = record_segment(rec.key, rec.max_bytes, rules.digest, rules.mode, source,
+      req.workload_class, gpu_text, fpga_text, set, d.kept and join(d.kept, ",") or "",
+      req.on_idle, req.energy ~= "normal" and req.energy or nil, request)
     local old = job[rec.field]
     local merged = merge_record(old, seg, rec.key)
     if #merged <= rec.max_field_bytes then
-      stage(d, rec.field, merged)
+      stage(d, rec.field, merged, old)
       d.record = seg
     else
       d.record_dropped = true
@@ -954,11 +1133,12 @@ function M.describe(d, job_label)
     parts[#parts + 1] = "code=" .. tostring(d.code)
     parts[#parts + 1] = d.message
   else
-    for _, w in ipairs(d.writes) do
-      parts[#parts + 1] = w[1] .. "=" .. printable(tostring(w[2]), 200)
+    local w = d.writes
+    for i = 1, d.nw * 3, 3 do
+      parts[#parts + 1] = w[i] .. "=" .. printable(tostring(w[i + 1]), 200)
     end
-    if #d.notes > 0 then
-      parts[#parts + 1] = "kept=" .. join(d.kept, ",")
+    if d.notes then
+      parts[#parts + 1] = "kept=" .. (d.kept and join(d.kept, ",") or "")
     end
   end
   return table_concat(parts, " ")
@@ -975,10 +1155,10 @@ M.NUMERIC = NUMERIC
 
 -- Module-level functions, not closures, so a call allocates nothing for them.
 local function write_staged(job, d)
-  local writes = d.writes
-  for i = 1, #writes do
-    local w = writes[i]
-    job[w[1]] = w[2]
+  local w = d.writes
+  for i = 1, d.nw do
+    local k = i * 3
+    job[w[k - 2]] = w[k - 1]
     d.done = i
   end
 end
@@ -988,27 +1168,28 @@ local function write_one(job, field, value)
 end
 
 function M.apply(job, d)
-  for _, w in ipairs(d.writes) do
-    local want = NUMERIC[w[1]] and "number" or "string"
-    if type(w[2]) ~= want then
-      return false, "staged " .. w[1] .. " is a " .. type(w[2]) .. ", not a " .. want
+  local w, nw = d.writes, d.nw
+  for i = 1, nw * 3, 3 do
+    local field, value = w[i], w[i + 1]
+    local want = NUMERIC[field] and "number" or "string"
+    if type(value) ~= want then
+      return false, "staged " .. field .. " is a " .. type(value) .. ", not a " .. want
     end
-  end
-  local old = {}
-  for i, w in ipairs(d.writes) do
-    old[i] = job[w[1]]
   end
   d.done = 0
   local ok, err = pcall(write_staged, job, d)
   if ok then
     return true
   end
+  -- Back to the values decide read, last write first (a field staged twice ends at its
+  -- value before the first).
   for i = d.done, 1, -1 do
-    local field, value = d.writes[i][1], old[i]
-    if value == nil then
+    local k = i * 3
+    local value = w[k]
+    if value == false then
       value = "" -- the 22.05 setters turn "" into "unset" on submission
     end
-    pcall(write_one, job, field, value)
+    pcall(write_one, job, w[k - 2], value)
   end
   return false, err
 end

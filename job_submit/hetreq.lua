@@ -482,19 +482,19 @@ end
 
 -- Whole-request checks, after every token parsed. ----------------------------------------
 
+-- An empty list or map shared by every request that has no models or locality: never written
+-- (a request's own lists and maps are made by the key handlers).
+local NONE = {}
+
+-- acc starts as the defaults (new_request) and the handlers overwrite what the text names, so
+-- it becomes the request itself: no copy.
 local function finish(acc, tokens_of)
-  local req = {}
-  for k, v in pairs(M.DEFAULTS) do
-    req[k] = v
-  end
-  for k, v in pairs(acc) do
-    req[k] = v
-  end
-  req.gpu_models = acc.gpu_models or {}
-  req.fpga_models = acc.fpga_models or {}
+  local req = acc
+  req.gpu_models = acc.gpu_models or NONE
+  req.fpga_models = acc.fpga_models or NONE
 
   local nodes = req.nodes
-  if acc.gpus_per_job and acc.gpus_per_node then
+  if acc.gpus_per_job and tokens_of["gpus-per-node"] then
     return nil, string_format(
       "%s and %s: give one of them (gpus= is per job and split evenly over nodes=, "
       .. "gpus-per-node= is per node)", show(tokens_of["gpus"]), show(tokens_of["gpus-per-node"]))
@@ -539,7 +539,7 @@ local function finish(acc, tokens_of)
     req.locality.switch_wait_s = acc.switch_wait_s
   end
   req.switch_wait_s = nil  -- lives in req.locality
-  req.locality = req.locality or {}
+  req.locality = req.locality or NONE
 
   if req.no_requeue and req.on_idle == "requeue" then
     return nil, string_format("%s contradicts 'no-requeue': choose on-idle=notify or downgrade",
@@ -549,6 +549,23 @@ local function finish(acc, tokens_of)
 end
 
 -- The parser. --------------------------------------------------------------------------------
+
+-- A request holding the defaults (M.DEFAULTS), made by a table constructor that also sizes it
+-- for the keys a request usually gets (no rehash while it fills up; inside slurmctld every
+-- allocation and rehash is paid per submission). The nil fields only reserve room.
+local D = M.DEFAULTS
+local D_NODES, D_GPUS, D_FPGAS, D_CORES = D.nodes, D.gpus_per_node, D.fpgas_per_node,
+  D.cores_per_node
+local D_PRIORITY, D_ENERGY, D_NO_REQUEUE = D.priority, D.energy, D.no_requeue
+
+local function new_request()
+  return {
+    nodes = D_NODES, gpus_per_node = D_GPUS, fpgas_per_node = D_FPGAS, cores_per_node = D_CORES,
+    priority = D_PRIORITY, energy = D_ENERGY, no_requeue = D_NO_REQUEUE,
+    gpu_models = nil, fpga_models = nil, locality = nil, given = nil, tokens = nil,
+    workload_class = nil, gpus_per_job = nil, on_idle = nil, min_gpu_mem_mib = nil,
+  } -- 16 fields: 16 slots; a request naming mem= or switch-wait= grows it once
+end
 
 -- parse(text) -> request table, or nil and a message. Never raises for any string input.
 -- The table's fields are named as hetslurm.placement.request.Request's; `given` lists the
@@ -561,17 +578,27 @@ function M.parse(text)
     return nil, string_format("the request is %d bytes; at most %d (the size of a Slurm comment)",
       #text, M.MAX_BYTES)
   end
-  local tokens = {}
-  for token in string_gmatch(text, "%S+") do
-    if #tokens == M.MAX_TOKENS then
+  -- Words are counted by position first (no string made), so the bound is checked before any
+  -- word is read.
+  local words, pos = 0, 1
+  while true do
+    local _, e = string_find(text, "%S+", pos)
+    if not e then
+      break
+    end
+    if words == M.MAX_TOKENS then
       return nil, string_format(
         "the request has more than %d words; each key may appear once (%d keys exist)",
         M.MAX_TOKENS, #M.KEYS)
     end
-    tokens[#tokens + 1] = token
+    words = words + 1
+    pos = e + 1
   end
-  local acc, tokens_of, given = {}, {}, {}
-  for _, token in ipairs(tokens) do
+  -- Sized for four keys from the start (most requests name two or three).
+  local acc = new_request()
+  local tokens_of = { k1 = nil, k2 = nil, k3 = nil, k4 = nil } -- the nils only make room
+  local given = { nil, nil, nil, nil }
+  for token in string_gmatch(text, "%S+") do
     local eq = string_find(token, "=", 1, true)
     local key, value = token, nil
     if eq then
@@ -609,6 +636,9 @@ function M.parse(text)
     return nil, msg
   end
   req.given = given
+  -- key -> the word that gave it: the set of keys named, for callers (the hook) that ask
+  -- "was this key given?" often.
+  req.tokens = tokens_of
   return req
 end
 

@@ -123,9 +123,14 @@ def request_from_table(table: Mapping[str, Any]) -> Request:
         ValueError: a field is unknown or has the wrong type (a bug, not a user error).
     """
     known = {f for f in Request.__dataclass_fields__} - {"partition", "qos", "cpu_only"}
-    unknown = set(table) - known
+    # ``tokens`` (key -> the word that gave it) is the hook's fast "was this key given?"
+    # set; it must name exactly the keys of ``given``.
+    unknown = set(table) - known - {"tokens"}
     if unknown:
         raise ValueError(f"hetreq table has fields Request does not know: {sorted(unknown)}")
+    tokens = table.get("tokens") or {}
+    if not isinstance(tokens, Mapping) or set(tokens) != set(table.get("given") or ()):
+        raise ValueError(f"hetreq tokens={tokens!r} do not match given={table.get('given')!r}")
     loc = table.get("locality") or {}
     if not isinstance(loc, Mapping) or set(loc) - _LOCALITY_FIELDS:
         raise ValueError(f"hetreq locality table is malformed: {loc!r}")

@@ -63,6 +63,10 @@ def hook_rules(site: Site) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "devices": list(wc.devices),
             "cpu_only": CPU_FEATURE in wc.devices,
+            # The class's devices of each kind, in its order: what the hook asks for when a
+            # request names the class and no model (rendered here, not worked out per job).
+            "gpu_models": [d for d in wc.devices if d in gpu_models],
+            "fpga_models": [d for d in wc.devices if d in fpga_models],
         }
         if wc.partition is not None:
             entry["partition"] = wc.partition

@@ -40,8 +40,11 @@ def test_rules_come_from_the_site(demo: Site) -> None:
     assert r["gpu_models"] == ["h100", "a100"] and r["fpga_models"] == ["u280"]
     assert r["gpu_mem"] == {"a100": 40960, "h100": 81920}
     assert r["classes"]["train"] == {"devices": ["h100", "a100"], "cpu_only": False,
+                                     "gpu_models": ["h100", "a100"], "fpga_models": [],
                                      "partition": "gpu"}
     assert r["classes"]["io"]["cpu_only"] is True
+    assert r["classes"]["stream"]["fpga_models"] == ["u280"]
+    assert r["classes"]["io"]["gpu_models"] == [] and r["classes"]["io"]["fpga_models"] == []
     assert r["priority_qos"] == {"high": "high", "low": "low"}
     assert r["high_priority"] == {"anyone": False, "users": {"root": True}, "accounts": {}}
     assert r["modify_exempt"] == {}

@@ -475,8 +475,8 @@ def test_kill_switch(demo: Site) -> None:
 
 def test_internal_error_fails_open_and_writes_nothing(demo: Site) -> None:
     # A bug in the decision (here: a nil where the request should be) must not reach the user.
-    text = render_hook(demo).text.replace("d.request = canonical(req, synthetic_gpus)",
-                                          "d.request = canonical(nil, synthetic_gpus)")
+    text = render_hook(demo).text.replace("local request = canonical(req, synthetic_gpus)",
+                                          "local request = canonical(nil, synthetic_gpus)")
     rt = HookRuntime(text)
     res = submit(rt, script("#HET gpus=1"))
     assert res.accepted and res.writes == () and res.user_messages == ()
@@ -486,8 +486,8 @@ def test_internal_error_fails_open_and_writes_nothing(demo: Site) -> None:
 
 def test_failed_write_is_rolled_back(demo: Site) -> None:
     # Make apply() fail half-way: the stand-in refuses the write of a field 22.05 cannot set.
-    text = render_hook(demo).text.replace('stage(d, "partition", cls.partition)',
-                                          'stage(d, "partition", cls.partition) '
+    text = render_hook(demo).text.replace('stage(d, "partition", cls.partition, partition)',
+                                          'stage(d, "partition", cls.partition, partition) '
                                           'stage(d, "mcs_label", "x")')
     rt = HookRuntime(text)
     res = submit(rt, script("#HET gpus=1 class=train"))

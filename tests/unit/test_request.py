@@ -625,7 +625,19 @@ def test_dataclass_fields_are_known_to_the_lua_or_resolve() -> None:
         "on-idle=notify locality=nvlink"
     )
     names = {f.name for f in fields(Request)}
-    assert set(table) == names - {"partition", "qos", "cpu_only"}
+    # ``tokens`` is the hook's key -> word map (the same keys as ``given``), not a field.
+    assert set(table) == (names - {"partition", "qos", "cpu_only"}) | {"tokens"}
+    assert set(table["tokens"]) == set(table["given"])
+    assert table["tokens"]["gpu-type"] == "gpu-type=h100"
+
+
+def test_a_request_starts_from_the_lua_defaults() -> None:
+    # hetreq.lua builds each request with a table constructor (no copy of DEFAULTS per call):
+    # the two must agree.
+    defaults = _lua.to_python(_lua.hetreq().DEFAULTS)
+    table = _lua.parse_table("class=x")
+    for key, value in defaults.items():
+        assert table[key] == value, key
 
 
 # Packaging ---------------------------------------------------------------------------------------
