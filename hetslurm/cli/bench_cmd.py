@@ -87,7 +87,7 @@ def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
               help="Queue depths (held jobs) for the controller figures.")
 @click.option("--jobs", type=click.IntRange(10, 10_000), default=100, show_default=True,
               help="Submissions per measurement round.")
-@click.option("--rounds", type=click.IntRange(1, 100), default=10, show_default=True,
+@click.option("--rounds", type=click.IntRange(1, 100), default=20, show_default=True,
               help="Rounds per depth and side, alternating with and without the hook; the "
                    "ratio is the median of the back-to-back pairs' ratios.")
 @format_option
@@ -111,7 +111,9 @@ def bench_hook_cmd(site_file: str | None, calls: int, no_testbed: bool, depths: 
                                                                         "adversarial_ms")]
     rows += [{"metric": f"depth {d['pending']}", "value":
               f"with {d['with_hook_us']} us, without {d['without_hook_us']} us, "
-              f"ratio {d['ratio']}"} for d in res["depths"]]
+              f"ratio {d['ratio']}"
+              + (f"; hook's Lua {d['with_hook_lua_us']} / {d['without_hook_lua_us']} us per call"
+                 if "with_hook_lua_us" in d else "")} for d in res["depths"]]
     emit(rows, output_format, title="hook benchmark", document=res)
 
 

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from hetslurm.hook import luatimer
 from hetslurm.hook.install import set_installed_mode
 from hetslurm.hook.render import render_hook
 from hetslurm.hook.standin import HookRuntime
@@ -140,11 +141,18 @@ def _sdiag_submit(env: dict[str, str]) -> tuple[int, int]:
 
 def _cpu_seconds(pid: int | None) -> float | None:
     """CPU seconds slurmctld has used so far, user and system, its threads that have ended
-    included (utime + stime of /proc/PID/stat, in clock ticks: 10 ms; slurmctld serves each
-    RPC on a thread of its own that ends with it, so summing the live threads' schedstat
-    would miss the submissions' own work), or None."""
+    included (slurmctld serves each RPC on a thread of its own that ends with it, so summing
+    the live threads' schedstat would miss the submissions' own work), or None.
+
+    Read from the process's CPU-time clock (``clock_getcpuclockid``: nanoseconds; the
+    clock id of process PID is ``(~PID << 3) | 2``); /proc/PID/stat's utime + stime (clock
+    ticks, 10 ms) where that clock cannot be read."""
     if pid is None:
         return None
+    try:
+        return time.clock_gettime((~pid << 3) | 2)
+    except OSError:
+        pass
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -175,7 +183,9 @@ def _pending(env: dict[str, str]) -> int:
 
 
 def depth_result(pending: int, with_us: list[int], without_us: list[int],
-                 cpu_with: list[float], cpu_without: list[float]) -> dict[str, Any]:
+                 cpu_with: list[float], cpu_without: list[float],
+                 lua_with: list[float] | None = None,
+                 lua_without: list[float] | None = None) -> dict[str, Any]:
     """One depth's entry: medians of the rounds, and the ratio held to the target.
 
     Round r of one side and round r of the other ran back to back: their ratio cancels what
@@ -196,8 +206,7 @@ def depth_result(pending: int, with_us: list[int], without_us: list[int],
         "without_rounds_us": without_us,
     }
     if cpu_with and cpu_without:
-        # Each round's figure has the clock tick's resolution (10 ms over the round's jobs):
-        # the mean over all rounds is the side's figure.
+        # The mean over all rounds is the side's figure.
         cw = statistics.fmean(cpu_with)
         cwo = statistics.fmean(cpu_without)
         out.update({
@@ -205,11 +214,21 @@ def depth_result(pending: int, with_us: list[int], without_us: list[int],
             "without_hook_cpu_us": round(cwo, 1),
             "cpu_ratio": round(cw / cwo, 3) if cwo else None,
         })
+    if lua_with and lua_without:
+        # The hook's own Lua per call inside slurmctld (hetslurm.hook.luatimer), mean of the
+        # rounds: the part of the difference that is the script's.
+        lw = statistics.fmean(lua_with)
+        lwo = statistics.fmean(lua_without)
+        out.update({
+            "with_hook_lua_us": round(lw, 1),
+            "without_hook_lua_us": round(lwo, 1),
+            "lua_extra_us": round(lw - lwo, 1),
+        })
     return out
 
 
 def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 5000),
-                  jobs_per_round: int = 100, rounds: int = 10,
+                  jobs_per_round: int = 100, rounds: int = 20,
                   log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """slurmctld's mean submit time with/without the hook at each queue depth."""
     from hetslurm.testbed.cluster import Testbed
@@ -217,7 +236,10 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
     say = log or (lambda _m: None)
     site_file = Path(site_path)
     root = Path(tempfile.mkdtemp(prefix="hsh-", dir="/tmp"))
-    tb = Testbed(root)
+    timer = luatimer.build(root)
+    ctld_env = ({"LD_PRELOAD": str(timer[0]), luatimer.ENV: str(timer[1])}
+                if timer is not None else {})
+    tb = Testbed(root, ctld_env=ctld_env)
     results: list[dict[str, Any]] = []
     try:
         tb.up(site_file)
@@ -252,6 +274,7 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
         ctld_proc = ctld.proc("slurmctld") if ctld is not None else None
         ctld_pid = ctld_proc.pid if ctld_proc is not None else None
         cpu_per_job: dict[str, list[float]] = {"with": [], "without": []}
+        lua_per_call: dict[str, list[float]] = {"with": [], "without": []}
 
         def measure(side: str) -> int:
             args = [] if side == "with" else equivalent
@@ -259,10 +282,14 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
             settle()
             run_command(["sdiag", "-r"], timeout=30, env=env)
             cpu0 = _cpu_seconds(ctld_pid)
+            lua0 = luatimer.read(timer[1]) if timer is not None else None
             ids = [submit(path, *args) for _ in range(jobs_per_round)]
             cpu1 = _cpu_seconds(ctld_pid)
+            lua1 = luatimer.read(timer[1]) if timer is not None else None
             if cpu0 is not None and cpu1 is not None:
                 cpu_per_job[side].append((cpu1 - cpu0) / jobs_per_round * 1e6)
+            if lua0 is not None and lua1 is not None and lua1[1] > lua0[1]:
+                lua_per_call[side].append((lua1[0] - lua0[0]) / (lua1[1] - lua0[1]) / 1000)
             count, ave = _sdiag_submit(env)
             # The round's own jobs go again, so the queue stays at the depth being measured.
             run_command(["scancel", *ids], timeout=120, env=env)
@@ -288,36 +315,46 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
                 measure(side)
         for depth in depths:
             missing = depth - _pending(env)
+            # slurmctld keeps a cancelled job for MinJobAge (300 s) and refuses submissions
+            # once it holds MaxJobCount jobs (10,000; sbatch then retries until its timeout):
+            # the queue still to build and this depth's rounds must fit, so wait for the
+            # earlier rounds' jobs to be purged first.
+            rounds_jobs = 2 * rounds * jobs_per_round + 100
+            limit = _max_job_count(env)
+            if depth + rounds_jobs > limit:
+                raise RuntimeError(f"depth {depth} with {rounds} rounds of {jobs_per_round} "
+                                   f"jobs per side does not fit MaxJobCount={limit}")
+            deadline = time.monotonic() + 900
+            while _held_total(env) + max(missing, 0) + rounds_jobs > limit:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"slurmctld did not purge cancelled jobs in 900 s; depth "
+                                       f"{depth} with {rounds} rounds does not fit "
+                                       f"MaxJobCount={limit}")
+                say("waiting for cancelled jobs to leave slurmctld (MinJobAge)")
+                time.sleep(10)
             if missing > 0:
                 say(f"building a queue of {depth} held jobs")
                 with ThreadPoolExecutor(max_workers=4) as pool:
                     list(pool.map(lambda _i: submit(filler), range(missing)))
-            # slurmctld keeps a cancelled job for MinJobAge (300 s) and refuses submissions
-            # once it holds MaxJobCount jobs (10,000): the rounds at this depth must fit.
-            need = depth + 2 * rounds * jobs_per_round + 100
-            limit = _max_job_count(env)
-            deadline = time.monotonic() + 900
-            while _held_total(env) + 2 * rounds * jobs_per_round + 100 > limit:
-                if need > limit or time.monotonic() > deadline:
-                    raise RuntimeError(f"depth {depth} with {rounds} rounds of {jobs_per_round} "
-                                       f"jobs per side does not fit MaxJobCount={limit}")
-                say("waiting for cancelled jobs to leave slurmctld (MinJobAge)")
-                time.sleep(10)
             pending = _pending(env)
             with_us: list[int] = []
             without_us: list[int] = []
             for key in cpu_per_job:
                 cpu_per_job[key].clear()
+                lua_per_call[key].clear()
             for r in range(rounds):
                 order = ("with", "without") if r % 2 == 0 else ("without", "with")
                 for side in order:
                     ave = measure(side)
                     (with_us if side == "with" else without_us).append(ave)
             results.append(depth_result(pending, with_us, without_us,
-                                        cpu_per_job["with"], cpu_per_job["without"]))
+                                        cpu_per_job["with"], cpu_per_job["without"],
+                                        lua_per_call["with"], lua_per_call["without"]))
             w, wo = results[-1]["with_hook_us"], results[-1]["without_hook_us"]
+            extra = results[-1].get("lua_extra_us")
             say(f"depth {pending}: with {w} us, without {wo} us, paired ratio "
-                f"{results[-1]['ratio']}")
+                f"{results[-1]['ratio']}"
+                + (f", the hook's Lua {extra} us more per call" if extra is not None else ""))
     finally:
         if tb.running().get("slurmctld") or tb.running().get("munged"):
             tb.down()

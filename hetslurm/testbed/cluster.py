@@ -18,7 +18,7 @@ import secrets
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -81,9 +81,13 @@ class Testbed:
 
     __test__ = False  # not a pytest class
 
-    def __init__(self, root: Path | str | None = None, log: Log | None = None) -> None:
+    def __init__(self, root: Path | str | None = None, log: Log | None = None,
+                 ctld_env: Mapping[str, str] | None = None) -> None:
         self.root = Path(root).absolute() if root else default_dir()
         self.log: Log = log or (lambda _msg: None)
+        # Added to slurmctld's environment only when this object starts it (the hook
+        # benchmark's Lua timer); the other daemons never get it.
+        self.ctld_env: dict[str, str] = dict(ctld_env or {})
         sock = self.root / "munge" / "munge.sock"
         if len(str(sock)) > SOCKET_PATH_MAX:
             raise TestbedError(f"state folder path too long for unix sockets: {self.root} "
@@ -273,11 +277,14 @@ class Testbed:
                 path.unlink()
             os.mknod(path, 0o660 | stat.S_IFCHR, dev)
 
-    def _start(self, st: State, name: str, argv: list[str], log_name: str) -> None:
+    def _start(self, st: State, name: str, argv: list[str], log_name: str,
+               extra_env: Mapping[str, str] | None = None) -> None:
         p = st.proc(name)
         if p and p.alive():
             return
-        proc = procs.start_daemon(name, argv, self.root / "log" / log_name, self.env(),
+        env = self.env()
+        env.update(extra_env or {})
+        proc = procs.start_daemon(name, argv, self.root / "log" / log_name, env,
                                   mark=str(self.root))
         st.procs[name] = proc.to_dict()
         self.save_state(st)
@@ -389,7 +396,7 @@ class Testbed:
     def _start_ctld(self, st: State) -> None:
         self.log("starting slurmctld")
         self._start(st, "slurmctld", ["slurmctld", "-D", "-f", str(self.conf)],
-                    "slurmctld.out")
+                    "slurmctld.out", self.ctld_env)
         wait_for(lambda: self._ctld_up(), DAEMON_WAIT_S, "slurmctld",
                  self.root / "log" / "slurmctld.log")
 

@@ -4,9 +4,14 @@ stretch of the machine that hits both rounds of a pair cancels out."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
-from hetslurm.hook.bench import depth_result
+from hetslurm.hook import luatimer
+from hetslurm.hook.bench import _cpu_seconds, depth_result
 
 
 def test_paired_ratio_cancels_a_slow_stretch() -> None:
@@ -34,3 +39,44 @@ def test_a_costly_hook_shows_in_the_ratio_and_the_cpu_figures() -> None:
 def test_rounds_must_pair() -> None:
     with pytest.raises(ValueError):
         depth_result(0, [1000, 1000], [1000], [], [])
+
+
+def test_the_hooks_own_lua_time_per_call() -> None:
+    got = depth_result(0, [1000, 1000], [950, 950], [], [], [50.0, 54.0], [14.0, 16.0])
+    assert got["with_hook_lua_us"] == 52.0 and got["without_hook_lua_us"] == 15.0
+    assert got["lua_extra_us"] == 37.0
+    assert "with_hook_lua_us" not in depth_result(0, [1], [1], [], [])
+
+
+def test_process_cpu_clock_of_another_process() -> None:
+    # slurmctld's CPU time comes from its process CPU-time clock (ns), ended threads included:
+    # a child that burns 0.2 s of CPU in a thread that then ends is seen to have used it.
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import threading, time\n"
+                              "def burn():\n"
+                              "    t = time.thread_time()\n"
+                              "    while time.thread_time() - t < 0.2: pass\n"
+                              "th = threading.Thread(target=burn); th.start(); th.join()\n"
+                              "print('done', flush=True); time.sleep(30)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "done"
+        used = _cpu_seconds(child.pid)
+        assert used is not None and 0.2 <= used < 5.0
+        assert _cpu_seconds(None) is None
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_lua_timer_wrapper_builds_and_counts(tmp_path: Path) -> None:
+    # The LD_PRELOAD wrapper compiles with the system's C compiler (the one that builds the
+    # Cython core) and starts with zeroed counters.
+    built = luatimer.build(tmp_path)
+    assert built is not None
+    lib, counters = built
+    assert lib.stat().st_size > 0
+    assert luatimer.read(counters) == (0, 0)
+    counters.write_bytes((1234).to_bytes(8, "little") + (2).to_bytes(8, "little")
+                         + bytes(4080))
+    assert luatimer.read(counters) == (1234, 2)
