@@ -162,25 +162,31 @@ end
 -- not a table per line), or nil and a message. A script without #HET lines gets NO_LINES.
 local NO_LINES = {} -- shared and never written
 
--- The messages of a #HET line that breaks a bound.
-local function too_many_lines(n)
-  return string_format("#HET line %d: more than %d #HET lines; a request has at most 32 words, "
-    .. "so put several on one line", n, M.MAX_DIRECTIVE_LINES)
-end
-
-local function too_many_bytes(n)
-  return string_format("#HET line %d: the #HET lines hold more than 1024 bytes of request (the "
-    .. "size of a Slurm comment); shorten them", n)
-end
-
--- The words after "#HET" on the line starting at pos (ending at stop), read to at most a little
--- past the request bound: the grammar refuses longer ones.
-local function directive_text(script, pos, stop)
+-- Adds #HET line n (the words after "#HET" on the line from pos to stop, read to at most a
+-- little past the request bound: the grammar refuses longer ones) to the flat list. Returns
+-- lines, count, bytes, or nil and a message when a bound is passed.
+local function add_directive(lines, count, bytes, n, script, pos, stop)
+  if count == M.MAX_DIRECTIVE_LINES then
+    return nil, string_format("#HET line %d: more than %d #HET lines; a request has at most "
+      .. "32 words, so put several on one line", n, M.MAX_DIRECTIVE_LINES)
+  end
   local last = stop
   if last - (pos + 4) > 1100 then
     last = pos + 4 + 1100
   end
-  return string_sub(script, pos + 4, last)
+  local text = string_sub(script, pos + 4, last)
+  bytes = bytes + #text
+  if bytes > 1100 then
+    return nil, string_format("#HET line %d: the #HET lines hold more than 1024 bytes of "
+      .. "request (the size of a Slurm comment); shorten them", n)
+  end
+  if count == 0 then
+    lines = { n, text }
+  else
+    lines[count * 2 + 1] = n
+    lines[count * 2 + 2] = text
+  end
+  return lines, count + 1, bytes
 end
 
 -- Line by line, for the rare script whose header may hold a heterogeneous-job separator.
@@ -206,21 +212,11 @@ local function scan_lines(script, limit)
             .. "would apply to the first component; give a later component its request with "
             .. "#SBATCH --comment=\"het: ...\"", n, in_later_component)
         end
-        if count == M.MAX_DIRECTIVE_LINES then
-          return nil, too_many_lines(n)
+        local added, c, b = add_directive(lines, count, bytes, n, script, pos, stop)
+        if not added then
+          return nil, c
         end
-        local text = directive_text(script, pos, stop)
-        bytes = bytes + #text
-        if bytes > 1100 then
-          return nil, too_many_bytes(n)
-        end
-        if count == 0 then
-          lines = { n, text }
-        else
-          lines[count * 2 + 1] = n
-          lines[count * 2 + 2] = text
-        end
-        count = count + 1
+        lines, count, bytes = added, c, b
       end
     elseif c1 == 83 and c2 == 66 then -- "#SB"
       local word = string_match(string_sub(script, pos, pos + 40), "^#SBATCH[ \t]+(%a+)")
@@ -281,21 +277,11 @@ function M.script_directives(script)
         n = n + 1
         counted = q + 1
       end
-      if count == M.MAX_DIRECTIVE_LINES then
-        return nil, too_many_lines(n)
+      local added, c, b = add_directive(lines, count, bytes, n, script, pos, stop)
+      if not added then
+        return nil, c
       end
-      local text = directive_text(script, pos, stop)
-      bytes = bytes + #text
-      if bytes > 1100 then
-        return nil, too_many_bytes(n)
-      end
-      if count == 0 then
-        lines = { n, text }
-      else
-        lines[count * 2 + 1] = n
-        lines[count * 2 + 2] = text
-      end
-      count = count + 1
+      lines, count, bytes = added, c, b
     end
     if not nl then
       break

@@ -205,25 +205,18 @@ def depth_result(pending: int, with_us: list[int], without_us: list[int],
         "with_rounds_us": with_us,
         "without_rounds_us": without_us,
     }
-    if cpu_with and cpu_without:
-        # The mean over all rounds is the side's figure.
-        cw = statistics.fmean(cpu_with)
-        cwo = statistics.fmean(cpu_without)
-        out.update({
-            "with_hook_cpu_us": round(cw, 1),
-            "without_hook_cpu_us": round(cwo, 1),
-            "cpu_ratio": round(cw / cwo, 3) if cwo else None,
-        })
-    if lua_with and lua_without:
-        # The hook's own Lua per call inside slurmctld (hetslurm.hook.luatimer), mean of the
-        # rounds: the part of the difference that is the script's.
-        lw = statistics.fmean(lua_with)
-        lwo = statistics.fmean(lua_without)
-        out.update({
-            "with_hook_lua_us": round(lw, 1),
-            "without_hook_lua_us": round(lwo, 1),
-            "lua_extra_us": round(lw - lwo, 1),
-        })
+    # slurmctld's CPU per submission, and the hook's own Lua per call inside it
+    # (hetslurm.hook.luatimer): each side's figure is the mean over its rounds.
+    for name, a, b in (("cpu", cpu_with, cpu_without), ("lua", lua_with, lua_without)):
+        if not a or not b:
+            continue
+        ma, mb = statistics.fmean(a), statistics.fmean(b)
+        out[f"with_hook_{name}_us"] = round(ma, 1)
+        out[f"without_hook_{name}_us"] = round(mb, 1)
+        if name == "cpu":
+            out["cpu_ratio"] = round(ma / mb, 3) if mb else None
+        else:
+            out["lua_extra_us"] = round(ma - mb, 1)  # the part of the difference that is Lua
     return out
 
 
