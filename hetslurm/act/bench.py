@@ -40,6 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from hetslurm.site.synthetic import gpu_site_toml
 from hetslurm.slurm.run import run_command
 
 NOW = 1_790_000_000.0
@@ -48,43 +49,9 @@ PER_LEAF = 32
 
 
 def _site_toml(nodes: int, root: Path) -> str:
-    half = max(1, nodes // 2)
-    leaves = "\n".join(
-        f'[switches.leaf{i}]\nnodes = "g[{a + 1:05d}-{min(a + PER_LEAF, nodes):05d}]"\n'
-        for i, a in enumerate(range(0, nodes, PER_LEAF)))
-    spine = ", ".join(f'"leaf{i}"' for i in range(math.ceil(nodes / PER_LEAF)))
-    return f"""schema_version = 1
-name = "bench-rebalance"
-[scheduling]
+    return gpu_site_toml(nodes, "bench-rebalance", per_leaf=PER_LEAF, extra=f"""[scheduling]
 gpu_model_order = ["h100", "a100"]
 def_mem_per_cpu = 1024
-[node_classes.h]
-sockets = 2
-cores_per_socket = 32
-memory = "512G"
-[node_classes.h.gpus]
-model = "h100"
-count = 8
-memory = "80G"
-nvlink_islands = [[0, 1, 2, 3], [4, 5, 6, 7]]
-[node_classes.a]
-sockets = 2
-cores_per_socket = 32
-memory = "512G"
-[node_classes.a.gpus]
-model = "a100"
-count = 8
-memory = "40G"
-nvlink_islands = [[0, 1, 2, 3], [4, 5, 6, 7]]
-[nodes]
-"g[00001-{half:05d}]" = "h"
-"g[{half + 1:05d}-{nodes:05d}]" = "a"
-[partitions.gpu]
-nodes = "ALL"
-default = true
-{leaves}
-[switches.spine]
-switches = [{spine}]
 [classes.train]
 devices = ["h100", "a100"]
 partition = "gpu"
@@ -97,7 +64,7 @@ lock_file = "{root / 'act.lock'}"
 [rebalance]
 lock_file = "{root / 'rebalance.lock'}"
 pending_limit_s = 3600
-"""
+""")
 
 
 def _names(nodes: int) -> list[str]:

@@ -23,6 +23,7 @@ from typing import Any
 from hetslurm.audit.peakrss import parse_marker
 from hetslurm.site.load import parse_site
 from hetslurm.site.model import Site
+from hetslurm.site.synthetic import gpu_site_toml
 from hetslurm.slurm.run import run_command
 
 T_START = 1_790_000_000.0  # a fixed month, so runs are comparable
@@ -32,35 +33,7 @@ Log = Callable[[str], None]
 
 
 def _site_toml(nodes: int) -> str:
-    half = max(1, nodes // 2)
-    return f"""
-schema_version = 1
-name = "synth"
-[node_classes.h]
-sockets = 2
-cores_per_socket = 32
-memory = "512G"
-[node_classes.h.gpus]
-model = "h100"
-count = 8
-memory = "80G"
-nvlink_islands = [[0, 1, 2, 3], [4, 5, 6, 7]]
-[node_classes.a]
-sockets = 2
-cores_per_socket = 32
-memory = "512G"
-[node_classes.a.gpus]
-model = "a100"
-count = 8
-memory = "40G"
-nvlink_islands = [[0, 1, 2, 3], [4, 5, 6, 7]]
-[nodes]
-"g[{1:05d}-{half:05d}]" = "h"
-"g[{half + 1:05d}-{max(nodes, half + 1):05d}]" = "a"
-[partitions.gpu]
-nodes = "ALL"
-default = true
-"""
+    return gpu_site_toml(nodes, "synth")
 
 
 def synthetic_site(nodes: int) -> Site:
