@@ -90,9 +90,13 @@ def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
 @click.option("--rounds", type=click.IntRange(1, 100), default=20, show_default=True,
               help="Rounds per depth and side, alternating with and without the hook; the "
                    "ratio is the median of the back-to-back pairs' ratios.")
+@click.option("--plugin-reference/--no-plugin-reference", default=True, show_default=True,
+              help="Also time the plain job with no job_submit plugin at all (slurmctld "
+                   "restarted without JobSubmitPlugins=lua, between two blocks with the "
+                   "hook): what job_submit/lua itself costs.")
 @format_option
 def bench_hook_cmd(site_file: str | None, calls: int, no_testbed: bool, depths: str, jobs: int,
-                   rounds: int, output_format: str) -> None:
+                   rounds: int, plugin_reference: bool, output_format: str) -> None:
     """Time the job_submit hook: per call in-process (typical p50/p99, adversarial worst) and
     slurmctld's mean submit time from sdiag with and without it at several queue depths, on
     a fresh testbed in a temporary folder (needs root).
@@ -106,14 +110,20 @@ def bench_hook_cmd(site_file: str | None, calls: int, no_testbed: bool, depths: 
         raise click.BadParameter(f"--depths: {e}") from e
     res = bench_hook(site_file or default_site(), calls=calls, testbed=not no_testbed,
                      depths=depth_list, jobs_per_round=jobs, rounds=rounds,
-                     log=lambda m: click.echo(m, err=True))
-    rows = [{"metric": k, "value": v} for k, v in res.items() if k not in ("depths",
-                                                                        "adversarial_ms")]
+                     log=lambda m: click.echo(m, err=True), plugin_reference=plugin_reference)
+    rows = [{"metric": k, "value": v} for k, v in res.items()
+            if k not in ("depths", "adversarial_ms", "plugin_reference")]
     rows += [{"metric": f"depth {d['pending']}", "value":
               f"with {d['with_hook_us']} us, without {d['without_hook_us']} us, "
               f"ratio {d['ratio']}"
               + (f"; hook's Lua {d['with_hook_lua_us']} / {d['without_hook_lua_us']} us per call"
                  if "with_hook_lua_us" in d else "")} for d in res["depths"]]
+    ref = res.get("plugin_reference")
+    if ref:
+        rows.append({"metric": "no job_submit plugin (depth 0)", "value":
+                     f"{ref['no_plugin_us']} us; the plain job through the hook "
+                     f"{ref['plugin_plain_us']} us ({ref['plugin_ratio']}x), the #HET job "
+                     f"{ref['plugin_het_us']} us ({ref['total_ratio']}x)"})
     emit(rows, output_format, title="hook benchmark", document=res)
 
 

@@ -220,10 +220,82 @@ def depth_result(pending: int, with_us: list[int], without_us: list[int],
     return out
 
 
+def plugin_reference_result(blocks: list[tuple[str, list[int], list[int]]]
+                            ) -> dict[str, Any]:
+    """The plugin reference from its blocks of rounds: (phase, plain job rounds, #HET job
+    rounds), phase "plugin" (job_submit/lua with the hook) or "none" (no job_submit plugin).
+
+    The plugin blocks come before and after the one without, so a drift of the machine over
+    the three shows as a difference between them (``plugin_blocks_us``).
+    """
+    plain_on = [v for phase, plain, _ in blocks if phase == "plugin" for v in plain]
+    het_on = [v for phase, _, het in blocks if phase == "plugin" for v in het]
+    plain_off = [v for phase, plain, _ in blocks if phase == "none" for v in plain]
+    if not plain_on or not het_on or not plain_off:
+        raise ValueError("the plugin reference needs rounds with and without the plugin")
+    off = statistics.median(plain_off)
+    on = statistics.median(plain_on)
+    het = statistics.median(het_on)
+    return {
+        "pending": 0,
+        "no_plugin_us": off,
+        "plugin_plain_us": on,
+        "plugin_het_us": het,
+        "plugin_ratio": round(on / off, 3) if off else None,
+        "total_ratio": round(het / off, 3) if off else None,
+        "plugin_blocks_us": [statistics.median(plain) for phase, plain, _ in blocks
+                             if phase == "plugin"],
+        "rounds_us": [{"phase": phase, "plain": plain, "het": het_r}
+                      for phase, plain, het_r in blocks],
+    }
+
+
+def _plugin_reference(tb: Any, measure: Callable[[str], int], rounds: int,
+                      say: Callable[[str], None]) -> dict[str, Any]:
+    """The same plain job with no job_submit plugin configured at all (slurmctld restarted
+    without ``JobSubmitPlugins=lua``), between two blocks with the hook; the #HET job in the
+    hook's blocks. What job_submit/lua itself costs (Slurm 22.05 rebuilds a Lua table of every
+    job it holds before each call), beside what the hook's decision adds."""
+    conf = tb.conf
+    with_plugin = conf.read_text()
+    without = re.sub(r"(?m)^JobSubmitPlugins=lua\n", "", with_plugin)
+    if without == with_plugin:
+        raise RuntimeError(f"{conf} has no JobSubmitPlugins=lua line")
+    blocks: list[tuple[str, list[int], list[int]]] = []
+    try:
+        for phase, text in (("plugin", with_plugin), ("none", without), ("plugin", with_plugin)):
+            if conf.read_text() != text:
+                say("plugin reference: restarting slurmctld "
+                    + ("without a job_submit plugin" if phase == "none" else "with the hook"))
+                conf.write_text(text)
+                tb.restart_ctld()
+                for _ in range(2):  # a restarted controller is slower for a while
+                    measure("without")
+            plain: list[int] = []
+            het: list[int] = []
+            for r in range(rounds):
+                if phase == "none":
+                    plain.append(measure("without"))
+                    continue
+                for side in (("with", "without") if r % 2 == 0 else ("without", "with")):
+                    (het if side == "with" else plain).append(measure(side))
+            blocks.append((phase, plain, het))
+    finally:
+        if conf.read_text() != with_plugin:
+            conf.write_text(with_plugin)
+            tb.restart_ctld()
+    result = plugin_reference_result(blocks)
+    say(f"plugin reference: no plugin {result['no_plugin_us']} us, the plain job through the "
+        f"hook {result['plugin_plain_us']} us, the #HET job {result['plugin_het_us']} us")
+    return result
+
+
 def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 5000),
                   jobs_per_round: int = 100, rounds: int = 20,
-                  log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """slurmctld's mean submit time with/without the hook at each queue depth."""
+                  log: Callable[[str], None] | None = None,
+                  plugin_reference: bool = True) -> dict[str, Any]:
+    """slurmctld's mean submit time with/without the hook at each queue depth, and the plugin
+    reference (see _plugin_reference): {"depths": [...], "plugin_reference": {...} | None}."""
     from hetslurm.testbed.cluster import Testbed
 
     say = log or (lambda _m: None)
@@ -263,9 +335,12 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
                     return
                 time.sleep(0.2)
 
-        ctld = tb.load_state()
-        ctld_proc = ctld.proc("slurmctld") if ctld is not None else None
-        ctld_pid = ctld_proc.pid if ctld_proc is not None else None
+        def ctld_pid() -> int | None:
+            # Read each time: the plugin reference restarts slurmctld.
+            st = tb.load_state()
+            proc = st.proc("slurmctld") if st is not None else None
+            return proc.pid if proc is not None else None
+
         cpu_per_job: dict[str, list[float]] = {"with": [], "without": []}
         lua_per_call: dict[str, list[float]] = {"with": [], "without": []}
 
@@ -274,10 +349,11 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
             path = script if side == "with" else plain
             settle()
             run_command(["sdiag", "-r"], timeout=30, env=env)
-            cpu0 = _cpu_seconds(ctld_pid)
+            pid = ctld_pid()
+            cpu0 = _cpu_seconds(pid)
             lua0 = luatimer.read(timer[1]) if timer is not None else None
             ids = [submit(path, *args) for _ in range(jobs_per_round)]
-            cpu1 = _cpu_seconds(ctld_pid)
+            cpu1 = _cpu_seconds(pid)
             lua1 = luatimer.read(timer[1]) if timer is not None else None
             if cpu0 is not None and cpu1 is not None:
                 cpu_per_job[side].append((cpu1 - cpu0) / jobs_per_round * 1e6)
@@ -306,6 +382,9 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
         for _ in range(2):
             for side in ("with", "without"):
                 measure(side)
+        reference = None
+        if plugin_reference:
+            reference = _plugin_reference(tb, measure, max(2, rounds // 2), say)
         for depth in depths:
             missing = depth - _pending(env)
             # slurmctld keeps a cancelled job for MinJobAge (300 s) and refuses submissions
@@ -352,16 +431,20 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
         if tb.running().get("slurmctld") or tb.running().get("munged"):
             tb.down()
         shutil.rmtree(root, ignore_errors=True)
-    return results
+    return {"depths": results, "plugin_reference": reference}
 
 
 def bench_hook(site_path: str | Path, *, calls: int = 20_000, testbed: bool = True,
                depths: tuple[int, ...] = (0, 1000, 5000), jobs_per_round: int = 100,
-               rounds: int = 10, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+               rounds: int = 20, log: Callable[[str], None] | None = None,
+               plugin_reference: bool = True) -> dict[str, Any]:
     """The whole benchmark as one JSON-able document (see docs/hook.md)."""
     out: dict[str, Any] = {"site": str(site_path)}
     out.update(bench_in_process(site_path, calls))
-    out["depths"] = (bench_testbed(site_path, depths, jobs_per_round, rounds, log)
-                     if testbed else [])
+    if testbed:
+        out.update(bench_testbed(site_path, depths, jobs_per_round, rounds, log,
+                                 plugin_reference))
+    else:
+        out["depths"] = []
     out["targets"] = {"typical_p99_us": 100, "adversarial_max_ms": 50, "ratio_at_depth_0": 1.1}
     return out

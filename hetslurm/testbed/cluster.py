@@ -470,6 +470,19 @@ class Testbed:
         return UpResult("restarted", time.monotonic() - t0, n,
                         f"{', '.join(changed)} changed: restart needed")
 
+    def restart_ctld(self) -> None:
+        """Stop slurmctld and start it again on the configuration files as they are now (not
+        rendered again: a benchmark that edited slurm.conf itself keeps its edit)."""
+        st = self.load_state()
+        if st is None:
+            raise TestbedError(f"no testbed in {self.root}")
+        p = st.proc("slurmctld")
+        if p is not None:
+            procs.stop(p, timeout=30)
+            st.procs.pop("slurmctld", None)
+            self.save_state(st)
+        self._start_ctld(st)
+
     # ---- down --------------------------------------------------------------------------
     def down(self) -> dict[str, Any]:
         """Cancel every job, stop exactly the daemons we started, leave nothing running."""

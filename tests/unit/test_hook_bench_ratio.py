@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hetslurm.hook import luatimer
-from hetslurm.hook.bench import _cpu_seconds, depth_result
+from hetslurm.hook.bench import _cpu_seconds, depth_result, plugin_reference_result
 
 
 def test_paired_ratio_cancels_a_slow_stretch() -> None:
@@ -80,3 +80,15 @@ def test_lua_timer_wrapper_builds_and_counts(tmp_path: Path) -> None:
     counters.write_bytes((1234).to_bytes(8, "little") + (2).to_bytes(8, "little")
                          + bytes(4080))
     assert luatimer.read(counters) == (1234, 2)
+
+
+def test_plugin_reference_from_blocks_around_the_one_without() -> None:
+    got = plugin_reference_result([("plugin", [700, 720], [760, 780]), ("none", [560, 580], []),
+                                   ("plugin", [740, 760], [800, 820])])
+    assert got["no_plugin_us"] == 570 and got["plugin_plain_us"] == 730
+    assert got["plugin_het_us"] == 790
+    assert got["plugin_ratio"] == round(730 / 570, 3)
+    assert got["total_ratio"] == round(790 / 570, 3)
+    assert got["plugin_blocks_us"] == [710, 750]
+    with pytest.raises(ValueError):
+        plugin_reference_result([("plugin", [700], [760])])
