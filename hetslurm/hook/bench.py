@@ -383,8 +383,6 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
             for side in ("with", "without"):
                 measure(side)
         reference = None
-        if plugin_reference:
-            reference = _plugin_reference(tb, measure, max(2, rounds // 2), say)
         for depth in depths:
             missing = depth - _pending(env)
             # slurmctld keeps a cancelled job for MinJobAge (300 s) and refuses submissions
@@ -427,6 +425,12 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
             say(f"depth {pending}: with {w} us, without {wo} us, paired ratio "
                 f"{results[-1]['ratio']}"
                 + (f", the hook's Lua {extra} us more per call" if extra is not None else ""))
+            if plugin_reference and depth == 0 and reference is None:
+                # After depth 0's own rounds, not before them: the reference's rounds (and
+                # the jobs slurmctld keeps from them for MinJobAge) must not weigh on them.
+                reference = _plugin_reference(tb, measure, max(2, rounds // 2), say)
+        if plugin_reference and reference is None:
+            say("no plugin reference: it is taken at depth 0, which --depths leaves out")
     finally:
         if tb.running().get("slurmctld") or tb.running().get("munged"):
             tb.down()
