@@ -16,27 +16,12 @@ def gpu_site_toml(nodes: int, name: str, *, per_leaf: int | None = None,
     sections) is appended as it is.
     """
     half = max(1, nodes // 2)
-    text = f"""schema_version = 1
-name = "{name}"
-[node_classes.h]
-sockets = 2
-cores_per_socket = 32
-memory = "512G"
-[node_classes.h.gpus]
-model = "h100"
-count = 8
-memory = "80G"
-nvlink_islands = [[0, 1, 2, 3], [4, 5, 6, 7]]
-[node_classes.a]
-sockets = 2
-cores_per_socket = 32
-memory = "512G"
-[node_classes.a.gpus]
-model = "a100"
-count = 8
-memory = "40G"
-nvlink_islands = [[0, 1, 2, 3], [4, 5, 6, 7]]
-[nodes]
+    text = f'schema_version = 1\nname = "{name}"\n'
+    for cls, model, memory in (("h", "h100", "80G"), ("a", "a100", "40G")):
+        text += (f'[node_classes.{cls}]\nsockets = 2\ncores_per_socket = 32\nmemory = "512G"\n'
+                 f'[node_classes.{cls}.gpus]\nmodel = "{model}"\ncount = 8\n'
+                 f'memory = "{memory}"\nnvlink_islands = [[0, 1, 2, 3], [4, 5, 6, 7]]\n')
+    text += f"""[nodes]
 "g[00001-{half:05d}]" = "h"
 "g[{half + 1:05d}-{max(nodes, half + 1):05d}]" = "a"
 [partitions.gpu]
