@@ -377,8 +377,6 @@ end
 -- The job's own GPU/FPGA requests, from the four fields Slurm 22.05 puts them in:
 -- --gres -> tres_per_node, --gpus -> tres_per_job, --gpus-per-task -> tres_per_task,
 -- --gpus-per-socket -> tres_per_socket. Entries look like "gres:gpu:2", "gres:gpu:a100:2".
-local TRES_FIELDS = { "tres_per_node", "tres_per_job", "tres_per_task", "tres_per_socket" }
-M.TRES_FIELDS = TRES_FIELDS
 
 local function devices_in(kind, field, value)
   if not nonempty(value) then
@@ -408,7 +406,7 @@ local function devices_in(kind, field, value)
   return nil
 end
 
--- The first of the four fields (in TRES_FIELDS order) that asks for this kind of device.
+-- The first of the four fields, in that order, that asks for this kind of device.
 local function explicit_devices(kind, tpn, tpj, tpt, tps)
   return devices_in(kind, "tres_per_node", tpn) or devices_in(kind, "tres_per_job", tpj)
     or devices_in(kind, "tres_per_task", tpt) or devices_in(kind, "tres_per_socket", tps)
