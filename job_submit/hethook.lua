@@ -35,6 +35,20 @@ local M = {}
 
 local VERSION = 1
 M.VERSION = VERSION
+local VERSION_TEXT = tostring(VERSION)
+
+-- Inside slurmctld the hook runs cold (a fresh RPC thread, caches full of other work): what
+-- a call costs follows the code and memory it touches, not its instruction count. Turning a
+-- number into text goes through the C library's sprintf (a large, cold routine); the counts
+-- a request holds are small, so their texts are made once here.
+local DECIMAL = {}
+for i = 0, 256 do
+  DECIMAL[i] = tostring(i)
+end
+local function decimal(n)
+  return DECIMAL[n] or tostring(n)
+end
+M.decimal = decimal
 
 -- Slurm's "no value" sentinels as the 22.05 plugin hands them over (slurm.h).
 local NO_VAL16 = 65534
@@ -451,39 +465,42 @@ end
 local LOCALITY_LEVELS = { "nvlink", "numa", "switch" }
 
 local function canonical(req, no_gpu_count)
-  local w = {}
-  if req.nodes ~= 1 then w[#w + 1] = "nodes=" .. req.nodes end
+  -- Each part is "" or " key=value"; one concatenation joins them (no list, no sprintf).
+  local nodes, gpus, gtype, gmem, fpga, cores, mem, loc, wait, class, prio, energy, nr, idle =
+    "", "", "", "", "", "", "", "", "", "", "", "", "", ""
+  if req.nodes ~= 1 then nodes = " nodes=" .. decimal(req.nodes) end
   if no_gpu_count then
     -- the count came from the job's own --gres/--gpus, not from the request
   elseif req.gpus_per_job then
-    w[#w + 1] = "gpus=" .. req.gpus_per_job
+    gpus = " gpus=" .. decimal(req.gpus_per_job)
   elseif req.gpus_per_node > 0 then
-    w[#w + 1] = "gpus-per-node=" .. req.gpus_per_node
+    gpus = " gpus-per-node=" .. decimal(req.gpus_per_node)
   end
-  if #req.gpu_models > 0 then w[#w + 1] = "gpu-type=" .. join(req.gpu_models, "|") end
-  if req.min_gpu_mem_mib then w[#w + 1] = "min-gpu-mem=" .. req.min_gpu_mem_mib .. "M" end
+  if #req.gpu_models > 0 then gtype = " gpu-type=" .. join(req.gpu_models, "|") end
+  if req.min_gpu_mem_mib then gmem = " min-gpu-mem=" .. decimal(req.min_gpu_mem_mib) .. "M" end
   if #req.fpga_models > 0 then
-    w[#w + 1] = "fpga=" .. join(req.fpga_models, "|") .. ":" .. req.fpgas_per_node
+    fpga = " fpga=" .. join(req.fpga_models, "|") .. ":" .. decimal(req.fpgas_per_node)
   elseif req.fpgas_per_node > 0 then
-    w[#w + 1] = "fpga=" .. req.fpgas_per_node
+    fpga = " fpga=" .. decimal(req.fpgas_per_node)
   end
-  if req.cores_per_node ~= 1 then w[#w + 1] = "cores=" .. req.cores_per_node end
-  if req.mem_per_node_mib then w[#w + 1] = "mem=" .. req.mem_per_node_mib .. "M" end
+  if req.cores_per_node ~= 1 then cores = " cores=" .. decimal(req.cores_per_node) end
+  if req.mem_per_node_mib then mem = " mem=" .. decimal(req.mem_per_node_mib) .. "M" end
   local locality = req.locality
   if locality.nvlink or locality.numa or locality.switch then
-    local loc = {}
+    local levels = {}
     for _, level in ipairs(LOCALITY_LEVELS) do
-      if locality[level] then loc[#loc + 1] = level .. ":" .. locality[level] end
+      if locality[level] then levels[#levels + 1] = level .. ":" .. locality[level] end
     end
-    w[#w + 1] = "locality=" .. table_concat(loc, ",")
+    loc = " locality=" .. table_concat(levels, ",")
   end
-  if req.locality.switch_wait_s then w[#w + 1] = "switch-wait=" .. req.locality.switch_wait_s end
-  if req.workload_class then w[#w + 1] = "class=" .. req.workload_class end
-  if req.priority ~= "normal" then w[#w + 1] = "priority=" .. req.priority end
-  if req.energy ~= "normal" then w[#w + 1] = "energy=" .. req.energy end
-  if req.no_requeue then w[#w + 1] = "no-requeue" end
-  if req.on_idle then w[#w + 1] = "on-idle=" .. req.on_idle end
-  return table_concat(w, " ")
+  if locality.switch_wait_s then wait = " switch-wait=" .. decimal(locality.switch_wait_s) end
+  if req.workload_class then class = " class=" .. req.workload_class end
+  if req.priority ~= "normal" then prio = " priority=" .. req.priority end
+  if req.energy ~= "normal" then energy = " energy=" .. req.energy end
+  if req.no_requeue then nr = " no-requeue" end
+  if req.on_idle then idle = " on-idle=" .. req.on_idle end
+  return string_sub(nodes .. gpus .. gtype .. gmem .. fpga .. cores .. mem .. loc .. wait .. class
+    .. prio .. energy .. nr .. idle, 2)
 end
 M.canonical = canonical
 
@@ -493,8 +510,8 @@ M.canonical = canonical
 -- dropped from the end until it fits the bound.
 --
 -- Values that may come from the job's own options (a GPU or FPGA type named in --gres) are
--- cleaned; the others are built by the hook from the grammar's checked tokens and the site's
--- checked names, so they hold only these characters already.
+-- cleaned by decide (foreign); the others are built by the hook from the grammar's checked
+-- tokens and the site's checked names, so they hold only these characters already.
 local RECORD_UNSAFE = "[^%w _%-.|,:=@]"
 
 local function foreign(v)
@@ -504,34 +521,31 @@ local function foreign(v)
   return v
 end
 
--- One string.format for the whole segment: inside slurmctld this runs cold, once per
--- submission, and every string made on the way (each '..' makes one) is an allocation the
--- controller pays for. Each optional field is two pieces, '","name":"' and its value (each
--- value's closing quote is the next piece's first byte); an absent field gets "" for both.
-local RECORD_FORMAT = '%s:{"v":%d,"rules":"%s","mode":"%s","src":"%s","outcome":"rewrite'
-  .. string.rep("%s%s", 8) .. '"}'
+-- One concatenation for the whole segment (Lua joins all its operands into one string; no
+-- sprintf, which string.format calls for every piece). Each optional field is two pieces,
+-- '","name":"' and its value (each value's closing quote is the next piece's first byte); an
+-- absent field gets "" for both.
 
 local function record_segment(key, max_bytes, digest, mode, src, class, gpu, fpga, set, kept,
                               on_idle, energy, req)
-  if gpu then gpu = foreign(gpu) end
-  if fpga then fpga = foreign(fpga) end
   if set == "" then set = nil end
   if kept == "" then kept = nil end
   if req == "" then req = nil end
-  local seg = string_format(RECORD_FORMAT, key, VERSION, digest, mode, src,
-    class and '","class":"' or "", class or "",
-    gpu and '","gpu":"' or "", gpu or "",
-    fpga and '","fpga":"' or "", fpga or "",
-    set and '","set":"' or "", set or "",
-    kept and '","kept":"' or "", kept or "",
-    on_idle and '","on_idle":"' or "", on_idle or "",
-    energy and '","energy":"' or "", energy or "",
-    req and '","req":"' or "", req or "")
+  local seg = key .. ':{"v":' .. VERSION_TEXT .. ',"rules":"' .. digest .. '","mode":"' .. mode
+    .. '","src":"' .. src .. '","outcome":"rewrite'
+    .. (class and '","class":"' or "") .. (class or "")
+    .. (gpu and '","gpu":"' or "") .. (gpu or "")
+    .. (fpga and '","fpga":"' or "") .. (fpga or "")
+    .. (set and '","set":"' or "") .. (set or "")
+    .. (kept and '","kept":"' or "") .. (kept or "")
+    .. (on_idle and '","on_idle":"' or "") .. (on_idle or "")
+    .. (energy and '","energy":"' or "") .. (energy or "")
+    .. (req and '","req":"' or "") .. (req or "") .. '"}'
   if #seg <= max_bytes then
     return seg
   end
   -- Too long: fields are dropped from the end until it fits (the first three always stay).
-  local parts = { '"v":' .. VERSION, '"rules":"' .. digest .. '"', '"mode":"' .. mode .. '"',
+  local parts = { '"v":' .. VERSION_TEXT, '"rules":"' .. digest .. '"', '"mode":"' .. mode .. '"',
                   '"src":"' .. src .. '"', '"outcome":"rewrite"' }
   local n = 5
   if class then n = n + 1; parts[n] = '"class":"' .. class .. '"' end
@@ -645,6 +659,123 @@ local function may_use_high(job, rules)
   return type(account) == "string" and allowed.accounts[account] == true
 end
 
+-- The end of every rewrite: the decision record staged in rules.record.field (merged with
+-- what other tools keep there), d.action set. Shared by the fast path and the general one.
+local function rewrite(d, job, rules, source, class, gpu_text, fpga_text, kept, on_idle, energy,
+                       request)
+  d.action = "rewrite"
+  local rec = rules.record
+  if rec.field == "none" then
+    return d
+  end
+  local w, nw, set = d.writes, d.nw, ""
+  -- One concatenation for the usual few fields (each '..' step would make a string).
+  if nw == 1 then
+    set = w[1]
+  elseif nw == 2 then
+    set = w[1] .. "," .. w[4]
+  elseif nw == 3 then
+    set = w[1] .. "," .. w[4] .. "," .. w[7]
+  elseif nw == 4 then
+    set = w[1] .. "," .. w[4] .. "," .. w[7] .. "," .. w[10]
+  elseif nw > 4 then
+    local names = {}
+    for i = 1, nw do
+      names[i] = w[i * 3 - 2]
+    end
+    set = table_concat(names, ",")
+  end
+  local seg = record_segment(rec.key, rec.max_bytes, rules.digest, rules.mode, source, class,
+    gpu_text, fpga_text, set, kept, on_idle, energy, request)
+  local old = job[rec.field]
+  local merged = seg
+  if type(old) == "string" and old ~= "" then
+    merged = merge_record(old, seg, rec.key)
+  end
+  if #merged <= rec.max_field_bytes then
+    stage(d, rec.field, merged, old)
+    d.record = seg
+  else
+    d.record_dropped = true
+  end
+  return d
+end
+
+-- The common request, decided without the grammar's general machinery: "class=NAME" alone or
+-- with "gpus=N" (either order; N of one or two digits), for a job that sets none of the
+-- fields the general path would weigh against it (--gres/--gpus*, --constraint, --partition,
+-- --qos, the record's field). Inside slurmctld the hook runs cold and its cost follows the
+-- memory it touches: this path touches a fraction of what parse + decide do. It returns the
+-- decision the general path returns for the same job (tests/unit/test_hook_fast_path.py
+-- checks that over every class and count and the corpus), or nil: anything else, including
+-- every mistake, takes the general path and its messages.
+local function fast_decide(job, rules, hetreq, source, text)
+  local name, count = string_match(text, "^%s*class=([%w_-]+)%s*$")
+  if not name then
+    name, count = string_match(text, "^%s*class=([%w_-]+)%s+gpus=(%d%d?)%s*$")
+    if not name then
+      count, name = string_match(text, "^%s*gpus=(%d%d?)%s+class=([%w_-]+)%s*$")
+      if not name then
+        return nil
+      end
+    end
+  end
+  local cls = rules.classes[name]
+  if not cls then
+    return nil
+  end
+  local n = count and tonumber(count) or 0
+  local limits = hetreq.LIMITS
+  if n > limits.gpus_per_node or n > limits.gpus_per_job then
+    return nil
+  end
+  local gpu_models = cls.gpu_models
+  if n > 0 and (cls.cpu_only or #rules.gpu_models == 0) then
+    return nil -- rejected by the general path, with its message
+  end
+  local tpn, features = job.tres_per_node, job.features
+  if tpn ~= nil or features ~= nil or job.tres_per_job ~= nil or job.tres_per_task ~= nil
+      or job.tres_per_socket ~= nil then
+    return nil
+  end
+  local partition, qos = cls.partition, cls.qos
+  local job_partition = partition and job.partition
+  local job_qos = qos and job.qos
+  if job_partition ~= nil or job_qos ~= nil then
+    return nil
+  end
+
+  local d = { action = "none", nw = 0, writes = nil, record = nil, done = nil, notes = nil,
+              kept = nil }
+  local gpu_text, feature
+  if n > 0 then
+    local models = #gpu_models
+    if models == 1 then
+      stage(d, "tres_per_node", "gres:gpu:" .. gpu_models[1] .. ":" .. decimal(n), tpn)
+      gpu_text = gpu_models[1]
+    else
+      stage(d, "tres_per_node", "gres:gpu:" .. decimal(n), tpn)
+      if models > 1 then
+        feature = cls.gpu_text
+      end
+      gpu_text = feature or "any"
+    end
+  elseif cls.cpu_only then
+    feature = rules.cpu_feature
+  end
+  if feature then
+    stage(d, "features", feature, features)
+  end
+  if partition then
+    stage(d, "partition", partition, job_partition)
+  end
+  if qos then
+    stage(d, "qos", qos, job_qos)
+  end
+  return rewrite(d, job, rules, source, name, gpu_text, nil, "", nil, nil,
+    count and ("gpus=" .. decimal(n) .. " class=" .. name) or ("class=" .. name))
+end
+
 -- decide(job, rules, hetreq, slurm) -> decision table (see docs/hook.md):
 --   action   "none" (no request), "rewrite" or "reject"
 --   writes   { field, value, old, field, value, old, ... } in write order, nw of them;
@@ -655,6 +786,12 @@ function M.decide(job, rules, hetreq, slurm)
   local source, text, lines, err = request_text(job)
   if not source and not err then
     return NO_REQUEST
+  end
+  if not err then
+    local fast = fast_decide(job, rules, hetreq, source, text)
+    if fast then
+      return fast
+    end
   end
   -- One constructor sized for the fields a rewrite usually gets (no rehash as it fills).
   local d = { action = "none", nw = 0, writes = nil, record = nil, done = nil, notes = nil,
@@ -723,6 +860,7 @@ function M.decide(job, rules, hetreq, slurm)
   -- GPUs -------------------------------------------------------------------------------
   local gpu_count_given = given["gpus"] or given["gpus-per-node"]
   local gpu_job, gpu_count, gpu_models, gpu_typed_explicit
+  local gpu_models_text, fpga_models_text -- "m1|m2" for gpu_models/fpga_models, when rendered
   local gpu_text, fpga_text -- the record's gpu and fpga values
   if gpu_explicit then
     gpu_job = (gpu_explicit.count == nil) or gpu_explicit.count > 0
@@ -770,7 +908,8 @@ function M.decide(job, rules, hetreq, slurm)
     elseif given["gpu-type"] then
       gpu_models = {} -- gpu-type=any beats the class
     elseif cls then
-      gpu_models = cls.gpu_models -- the class's GPU models in its order (prepare)
+      -- the class's GPU models in its order, and their feature text (both rendered)
+      gpu_models, gpu_models_text = cls.gpu_models, cls.gpu_text
     else
       gpu_models = {}
     end
@@ -795,7 +934,7 @@ function M.decide(job, rules, hetreq, slurm)
       return reject(d, C.gres, string_format("%s: min-gpu-mem=%dM: no GPU model of site '%s' "
         .. "has that much memory", at(source, lines, "min-gpu-mem"), floor, rules.site))
     end
-    gpu_models = keep
+    gpu_models, gpu_models_text = keep, nil
   end
 
   if gpu_job and req.energy == "low" and #rules.energy_low_models > 0
@@ -808,7 +947,7 @@ function M.decide(job, rules, hetreq, slurm)
       end
     end
     if #keep > 0 then
-      gpu_models = keep
+      gpu_models, gpu_models_text = keep, nil
     else
       note(d, at(source, lines, "energy") .. ": energy=low: none of the acceptable GPU models "
         .. "is one of the site's low-energy models; the job keeps its models")
@@ -839,7 +978,7 @@ function M.decide(job, rules, hetreq, slurm)
         end
         fpga_models = req.fpga_models
       elseif cls then
-        fpga_models = cls.fpga_models
+        fpga_models, fpga_models_text = cls.fpga_models, cls.fpga_text
       else
         fpga_models = {}
       end
@@ -856,46 +995,47 @@ function M.decide(job, rules, hetreq, slurm)
     if gpu_explicit then
       if #gpu_models == 1 then
         -- The job's own count, now typed: hard.
-        local typed = string_format("gres:gpu:%s:%s", gpu_models[1],
-          tostring(gpu_explicit.count or 1))
+        local typed = "gres:gpu:" .. gpu_models[1] .. ":" .. decimal(gpu_explicit.count or 1)
         typed_tres = replace_entry(gpu_explicit.value, gpu_explicit.index, typed)
         stage(d, gpu_explicit.field, typed_tres, gpu_explicit.value)
         if gpu_explicit.field ~= "tres_per_node" then
           typed_tres = nil
         end
       elseif #gpu_models > 1 then
-        feature, nfeatures = join(gpu_models, "|"), 1
+        feature, nfeatures = gpu_models_text or join(gpu_models, "|"), 1
       end
     else
       if #gpu_models == 1 then
-        gres_new = string_format("gres:gpu:%s:%d", gpu_models[1], gpu_count)
+        gres_new = "gres:gpu:" .. gpu_models[1] .. ":" .. decimal(gpu_count)
       else
-        gres_new = string_format("gres:gpu:%d", gpu_count)
+        gres_new = "gres:gpu:" .. decimal(gpu_count)
         if #gpu_models > 1 then
-          feature, nfeatures = join(gpu_models, "|"), 1
+          feature, nfeatures = gpu_models_text or join(gpu_models, "|"), 1
         end
       end
     end
   end
   if gpu_job then
-    gpu_text = (gpu_models and #gpu_models > 0) and (feature or join(gpu_models, "|")) or "any"
+    gpu_text = (gpu_models and #gpu_models > 0)
+      and (feature or gpu_models_text or join(gpu_models, "|")) or "any"
   end
   if fpga_job and not fpga_explicit then
     local entry
     if #fpga_models == 1 then
-      entry = string_format("gres:fpga:%s:%d", fpga_models[1], req.fpgas_per_node)
+      entry = "gres:fpga:" .. fpga_models[1] .. ":" .. decimal(req.fpgas_per_node)
     else
-      entry = string_format("gres:fpga:%d", req.fpgas_per_node)
+      entry = "gres:fpga:" .. decimal(req.fpgas_per_node)
       if #fpga_models > 1 then
         nfeatures = nfeatures + 1
-        feature = feature or join(fpga_models, "|")
+        feature = feature or fpga_models_text or join(fpga_models, "|")
       end
     end
     gres_new = gres_new and (gres_new .. "," .. entry) or entry
   end
   if fpga_job then
     fpga_text = fpga_typed_explicit and fpga_explicit.model
-      or ((fpga_models and #fpga_models > 0) and join(fpga_models, "|") or "any")
+      or ((fpga_models and #fpga_models > 0) and (fpga_models_text or join(fpga_models, "|"))
+        or "any")
   end
   if cls and cls.cpu_only then
     nfeatures = nfeatures + 1
@@ -906,7 +1046,7 @@ function M.decide(job, rules, hetreq, slurm)
     local new = gres_new
     if typed_tres then
       new = typed_tres .. "," .. new
-    elseif nonempty(tpn) then
+    elseif type(tpn) == "string" and tpn ~= "" then
       new = tpn .. "," .. new
     end
     stage(d, "tres_per_node", new, tpn)
@@ -921,7 +1061,7 @@ function M.decide(job, rules, hetreq, slurm)
   if feature then
     local mine = feature
     local theirs = job.features
-    if nonempty(theirs) then
+    if type(theirs) == "string" and theirs ~= "" then
       if string_find(mine, "|", 1, true) or not and_only(theirs) then
         note(d, string_format("%s: --constraint=%s kept; '%s' not added: add it to your "
           .. "--constraint or drop --constraint",
@@ -939,7 +1079,7 @@ function M.decide(job, rules, hetreq, slurm)
   -- Partition and QOS ------------------------------------------------------------------
   if cls and cls.partition then
     local partition = job.partition
-    if nonempty(partition) then
+    if type(partition) == "string" and partition ~= "" then
       if partition ~= cls.partition then
         note(d, string_format("%s: --partition=%s kept over class=%s's partition %s",
           at(source, lines, "class"), printable(partition, 60), req.workload_class,
@@ -962,7 +1102,7 @@ function M.decide(job, rules, hetreq, slurm)
   end
   if qos then
     local job_qos = job.qos
-    if nonempty(job_qos) then
+    if type(job_qos) == "string" and job_qos ~= "" then
       if job_qos ~= qos then
         note(d, string_format("%s: --qos=%s kept over %s",
           at(source, lines, given["priority"] and "priority" or "class"),
@@ -978,7 +1118,7 @@ function M.decide(job, rules, hetreq, slurm)
   local nodes = req.nodes
   local min_nodes = job.min_nodes
   if given["nodes"] then
-    if is_set32(min_nodes) then
+    if type(min_nodes) == "number" and min_nodes < NO_VAL then
       if min_nodes ~= req.nodes then
         note(d, string_format("%s: nodes ignored: the job asks for -N %d",
           at(source, lines, "nodes"), min_nodes))
@@ -989,7 +1129,7 @@ function M.decide(job, rules, hetreq, slurm)
       stage(d, "min_nodes", req.nodes, min_nodes)
       stage(d, "max_nodes", req.nodes, job.max_nodes)
     end
-  elseif is_set32(min_nodes) then
+  elseif type(min_nodes) == "number" and min_nodes < NO_VAL then
     nodes = min_nodes
   end
 
@@ -1050,7 +1190,7 @@ function M.decide(job, rules, hetreq, slurm)
   end
   if loc.switch then
     local req_switch = job.req_switch
-    if is_set32(req_switch) then
+    if type(req_switch) == "number" and req_switch < NO_VAL then
       note(d, at(source, lines, "locality") .. ": the job's --switches kept")
       keep(d, "req_switch")
     elseif nodes > 1 then
@@ -1074,40 +1214,16 @@ function M.decide(job, rules, hetreq, slurm)
     end
   end
 
-  -- The record -------------------------------------------------------------------------
-  d.action = "rewrite"
-  local rec = rules.record
-  if rec.field ~= "none" then
-    local w, nw, set = d.writes, d.nw, ""
-    -- One concatenation for the usual few fields (each '..' step would make a string).
-    if nw == 1 then
-      set = w[1]
-    elseif nw == 2 then
-      set = w[1] .. "," .. w[4]
-    elseif nw == 3 then
-      set = w[1] .. "," .. w[4] .. "," .. w[7]
-    elseif nw == 4 then
-      set = w[1] .. "," .. w[4] .. "," .. w[7] .. "," .. w[10]
-    elseif nw > 4 then
-      local names = {}
-      for i = 1, nw do
-        names[i] = w[i * 3 - 2]
-      end
-      set = table_concat(names, ",")
-    end
-    local seg = record_segment(rec.key, rec.max_bytes, rules.digest, rules.mode, source,
-      req.workload_class, gpu_text, fpga_text, set, d.kept and join(d.kept, ",") or "",
-      req.on_idle, req.energy ~= "normal" and req.energy or nil, request)
-    local old = job[rec.field]
-    local merged = merge_record(old, seg, rec.key)
-    if #merged <= rec.max_field_bytes then
-      stage(d, rec.field, merged, old)
-      d.record = seg
-    else
-      d.record_dropped = true
-    end
+  -- A GPU or FPGA type the job named itself (--gres) is the user's text: cleaned.
+  if gpu_typed_explicit and gpu_text then
+    gpu_text = foreign(gpu_text)
   end
-  return d
+  if fpga_typed_explicit and fpga_text then
+    fpga_text = foreign(fpga_text)
+  end
+  return rewrite(d, job, rules, source, req.workload_class, gpu_text, fpga_text,
+    d.kept and join(d.kept, ",") or "", req.on_idle, req.energy ~= "normal" and req.energy or nil,
+    request)
 end
 
 -- One line for slurmctld.log (slurm.log_info).

@@ -151,6 +151,19 @@ end
 -- A whole number written in decimal digits only, from lo to hi. Refuses what tonumber()
 -- would accept but a count must not be: '0x10', '1.5', '1e3', ' 4', '+4', '-1', '4abc'.
 local function whole(s, lo, hi)
+  if #s <= 2 then
+    -- The usual count: one or two digits read as bytes (no pattern, no strtod, which run
+    -- cold inside slurmctld).
+    local a, b = string_byte(s, 1, 2)
+    if not a or a < 48 or a > 57 or (b and (b < 48 or b > 57)) then
+      return nil
+    end
+    local n = b and (a - 48) * 10 + (b - 48) or a - 48
+    if n < lo or n > hi then
+      return nil
+    end
+    return n
+  end
   if not string_find(s, "^%d+$") then
     return nil
   end
@@ -579,9 +592,9 @@ function M.parse(text)
       #text, M.MAX_BYTES)
   end
   -- Words are counted by position first (no string made), so the bound is checked before any
-  -- word is read.
+  -- word is read. A text of at most 2 * MAX_TOKENS bytes cannot hold more words than that.
   local words, pos = 0, 1
-  while true do
+  while #text > 2 * M.MAX_TOKENS do
     local _, e = string_find(text, "%S+", pos)
     if not e then
       break

@@ -484,13 +484,19 @@ def test_internal_error_fails_open_and_writes_nothing(demo: Site) -> None:
     assert res.log[0][1].startswith("hetslurm: internal error, job left unchanged: ")
 
 
-def test_failed_write_is_rolled_back(demo: Site) -> None:
+@pytest.mark.parametrize(("directive", "staged"), [
+    # the general path
+    ("#HET gpus=1 class=train priority=normal",
+     'stage(d, "partition", cls.partition, partition)'),
+    # the fast path (class and a GPU count only)
+    ("#HET gpus=1 class=train", 'stage(d, "partition", partition, job_partition)'),
+])
+def test_failed_write_is_rolled_back(demo: Site, directive: str, staged: str) -> None:
     # Make apply() fail half-way: the stand-in refuses the write of a field 22.05 cannot set.
-    text = render_hook(demo).text.replace('stage(d, "partition", cls.partition, partition)',
-                                          'stage(d, "partition", cls.partition, partition) '
-                                          'stage(d, "mcs_label", "x")')
-    rt = HookRuntime(text)
-    res = submit(rt, script("#HET gpus=1 class=train"))
+    text = render_hook(demo).text
+    assert text.count(staged) == 1
+    rt = HookRuntime(text.replace(staged, staged + ' stage(d, "mcs_label", "x")'))
+    res = submit(rt, script(directive))
     assert res.accepted
     assert res.log[-1][0] == "error"
     assert "could not write the decision, job left unchanged" in res.log[-1][1]
