@@ -92,3 +92,15 @@ def test_plugin_reference_from_blocks_around_the_one_without() -> None:
     assert got["plugin_blocks_us"] == [710, 750]
     with pytest.raises(ValueError):
         plugin_reference_result([("plugin", [700], [760])])
+
+
+def test_cold_calls_time_each_call_after_flushing_the_caches() -> None:
+    from hetslurm.hook.bench import TYPICAL, cold_calls
+    from hetslurm.hook.render import render_hook
+    from hetslurm.hook.standin import HookRuntime
+    from hetslurm.site import load_site
+
+    root = Path(__file__).resolve().parents[2]
+    rt = HookRuntime(render_hook(load_site(root / "site-configs" / "demo.toml")).text)
+    times = cold_calls(rt, {"script": TYPICAL[0], "user_name": "root"}, 3)
+    assert len(times) == 3 and all(t > 0 for t in times)
