@@ -152,8 +152,7 @@ end
 -- would accept but a count must not be: '0x10', '1.5', '1e3', ' 4', '+4', '-1', '4abc'.
 local function whole(s, lo, hi)
   if #s <= 2 then
-    -- The usual count: one or two digits read as bytes (no pattern, no strtod, which run
-    -- cold inside slurmctld).
+    -- The usual count: one or two digits, read as bytes (no pattern match, no tonumber).
     local a, b = string_byte(s, 1, 2)
     if not a or a < 48 or a > 57 or (b and (b < 48 or b > 57)) then
       return nil
