@@ -47,7 +47,6 @@ end
 local function decimal(n)
   return DECIMAL[n] or tostring(n)
 end
-M.decimal = decimal
 
 -- Slurm's "no value" sentinels as the 22.05 plugin hands them over (slurm.h).
 local NO_VAL16 = 65534
@@ -706,8 +705,8 @@ end
 -- --qos, the record's field). Inside slurmctld the hook runs cold and its cost follows the
 -- memory it touches: this path touches a fraction of what parse + decide do. It returns the
 -- decision the general path returns for the same job (tests/unit/test_hook_fast_path.py
--- checks that over every class and count and the corpus), or nil: anything else, including
--- every mistake, takes the general path and its messages.
+-- checks that over every class shape, count edge and job option), or nil: anything else,
+-- including every mistake, takes the general path and its messages.
 local function fast_decide(job, rules, hetreq, source, text)
   local name, count = string_match(text, "^%s*class=([%w_-]+)%s*$")
   if not name then
@@ -859,7 +858,6 @@ function M.decide(job, rules, hetreq, slurm)
   -- GPUs -------------------------------------------------------------------------------
   local gpu_count_given = given["gpus"] or given["gpus-per-node"]
   local gpu_job, gpu_count, gpu_models, gpu_typed_explicit
-  local gpu_models_text, fpga_models_text -- "m1|m2" for gpu_models/fpga_models, when rendered
   local gpu_text, fpga_text -- the record's gpu and fpga values
   if gpu_explicit then
     gpu_job = (gpu_explicit.count == nil) or gpu_explicit.count > 0
@@ -907,8 +905,7 @@ function M.decide(job, rules, hetreq, slurm)
     elseif given["gpu-type"] then
       gpu_models = {} -- gpu-type=any beats the class
     elseif cls then
-      -- the class's GPU models in its order, and their feature text (both rendered)
-      gpu_models, gpu_models_text = cls.gpu_models, cls.gpu_text
+      gpu_models = cls.gpu_models -- the class's GPU models in its order (rendered)
     else
       gpu_models = {}
     end
@@ -933,7 +930,7 @@ function M.decide(job, rules, hetreq, slurm)
       return reject(d, C.gres, string_format("%s: min-gpu-mem=%dM: no GPU model of site '%s' "
         .. "has that much memory", at(source, lines, "min-gpu-mem"), floor, rules.site))
     end
-    gpu_models, gpu_models_text = keep, nil
+    gpu_models = keep
   end
 
   if gpu_job and req.energy == "low" and #rules.energy_low_models > 0
@@ -946,7 +943,7 @@ function M.decide(job, rules, hetreq, slurm)
       end
     end
     if #keep > 0 then
-      gpu_models, gpu_models_text = keep, nil
+      gpu_models = keep
     else
       note(d, at(source, lines, "energy") .. ": energy=low: none of the acceptable GPU models "
         .. "is one of the site's low-energy models; the job keeps its models")
@@ -977,7 +974,7 @@ function M.decide(job, rules, hetreq, slurm)
         end
         fpga_models = req.fpga_models
       elseif cls then
-        fpga_models, fpga_models_text = cls.fpga_models, cls.fpga_text
+        fpga_models = cls.fpga_models
       else
         fpga_models = {}
       end
@@ -1001,7 +998,7 @@ function M.decide(job, rules, hetreq, slurm)
           typed_tres = nil
         end
       elseif #gpu_models > 1 then
-        feature, nfeatures = gpu_models_text or join(gpu_models, "|"), 1
+        feature, nfeatures = join(gpu_models, "|"), 1
       end
     else
       if #gpu_models == 1 then
@@ -1009,14 +1006,13 @@ function M.decide(job, rules, hetreq, slurm)
       else
         gres_new = "gres:gpu:" .. decimal(gpu_count)
         if #gpu_models > 1 then
-          feature, nfeatures = gpu_models_text or join(gpu_models, "|"), 1
+          feature, nfeatures = join(gpu_models, "|"), 1
         end
       end
     end
   end
   if gpu_job then
-    gpu_text = (gpu_models and #gpu_models > 0)
-      and (feature or gpu_models_text or join(gpu_models, "|")) or "any"
+    gpu_text = (gpu_models and #gpu_models > 0) and (feature or join(gpu_models, "|")) or "any"
   end
   if fpga_job and not fpga_explicit then
     local entry
@@ -1026,15 +1022,14 @@ function M.decide(job, rules, hetreq, slurm)
       entry = "gres:fpga:" .. decimal(req.fpgas_per_node)
       if #fpga_models > 1 then
         nfeatures = nfeatures + 1
-        feature = feature or fpga_models_text or join(fpga_models, "|")
+        feature = feature or join(fpga_models, "|")
       end
     end
     gres_new = gres_new and (gres_new .. "," .. entry) or entry
   end
   if fpga_job then
     fpga_text = fpga_typed_explicit and fpga_explicit.model
-      or ((fpga_models and #fpga_models > 0) and (fpga_models_text or join(fpga_models, "|"))
-        or "any")
+      or ((fpga_models and #fpga_models > 0) and join(fpga_models, "|") or "any")
   end
   if cls and cls.cpu_only then
     nfeatures = nfeatures + 1

@@ -68,9 +68,8 @@ def hook_rules(site: Site) -> dict[str, Any]:
             "gpu_models": [d for d in wc.devices if d in gpu_models],
             "fpga_models": [d for d in wc.devices if d in fpga_models],
         }
-        # ... and the same lists as the feature text the hook writes ("h100|a100").
+        # ... and the GPU list as the feature text the hook's fast path writes ("h100|a100").
         entry["gpu_text"] = "|".join(entry["gpu_models"])
-        entry["fpga_text"] = "|".join(entry["fpga_models"])
         if wc.partition is not None:
             entry["partition"] = wc.partition
         if wc.qos is not None:

@@ -41,7 +41,7 @@ def test_rules_come_from_the_site(demo: Site) -> None:
     assert r["gpu_mem"] == {"a100": 40960, "h100": 81920}
     assert r["classes"]["train"] == {"devices": ["h100", "a100"], "cpu_only": False,
                                      "gpu_models": ["h100", "a100"], "fpga_models": [],
-                                     "gpu_text": "h100|a100", "fpga_text": "",
+                                     "gpu_text": "h100|a100",
                                      "partition": "gpu"}
     assert r["classes"]["io"]["cpu_only"] is True
     assert r["classes"]["stream"]["fpga_models"] == ["u280"]
