@@ -86,10 +86,11 @@ def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
 @click.option("--depths", default="0,1000,5000", show_default=True,
               help="Queue depths (held jobs) for the controller figures.")
 @click.option("--jobs", type=click.IntRange(10, 10_000), default=100, show_default=True,
-              help="Submissions per measurement round.")
+              help="Submissions per side in a measurement round.")
 @click.option("--rounds", type=click.IntRange(1, 100), default=20, show_default=True,
-              help="Rounds per depth and side, alternating with and without the hook; the "
-                   "ratio is the median of the back-to-back pairs' ratios.")
+              help="Rounds per depth; within a round the #HET job and the plain job alternate "
+                   "submission by submission, and the ratio is the median of the rounds' "
+                   "mean with / mean without.")
 @click.option("--plugin-reference/--no-plugin-reference", default=True, show_default=True,
               help="Also time the plain job with no job_submit plugin at all (slurmctld "
                    "restarted without JobSubmitPlugins=lua, between two blocks with the "
@@ -98,8 +99,9 @@ def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
 def bench_hook_cmd(site_file: str | None, calls: int, no_testbed: bool, depths: str, jobs: int,
                    rounds: int, plugin_reference: bool, output_format: str) -> None:
     """Time the job_submit hook: per call in-process (typical p50/p99, adversarial worst) and
-    slurmctld's mean submit time from sdiag with and without it at several queue depths, on
-    a fresh testbed in a temporary folder (needs root).
+    slurmctld's mean submit time from sdiag with and without it at several queue depths (each
+    submission timed on its own, the two jobs alternating), on a fresh testbed in a temporary
+    folder (needs root).
     """
     from hetslurm.hook.bench import bench_hook
     from hetslurm.testbed.cluster import default_site

@@ -6,16 +6,18 @@ overhead, a little more than the controller pays). Typical jobs are short script
 without #HET lines; adversarial ones are the corpus's worst: 4 MB headers, 100,000 directive
 lines, 64 KiB lines, requests at the 1024-byte bound.
 
-On the testbed (a fresh one in a temporary folder): slurmctld's own mean time per
+On the testbed (a fresh one in a temporary folder): slurmctld's own time per
 ``REQUEST_SUBMIT_BATCH_JOB`` from ``sdiag`` for the same job submitted two ways: a ``#HET``
 script, and the equivalent sbatch options (``--gres=gpu:2 --constraint=h100|a100
 --partition=gpu``) without one. The hook enforces throughout (no reload between rounds); for
 the plain job it scans the script header, finds no request and returns. So both sides make
 slurmctld validate the same job and the difference is the hook's decision and its record.
-Queue depths of 0, 1,000 and 5,000 held jobs (each round's own jobs are cancelled after it),
-the sides alternating round by round, each round starting once slurmctld's queue to slurmdbd
-is empty, after two unmeasured warm-up rounds per side. The ratio held to the target is the
-median over round pairs (the two sides' rounds run back to back) of with / without.
+Queue depths of 0, 1,000 and 5,000 held jobs (each round's own jobs are cancelled after it).
+Within a round the two jobs alternate submission by submission, and each submission's time is
+the rise of sdiag's ``total_time`` across it, so a drift of the machine weighs on both sides
+alike; each round starts once slurmctld's queue to slurmdbd is empty, after two unmeasured
+warm-up rounds. The ratio held to the target is the median over rounds of the round's mean
+with / mean without.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ from hetslurm.site import load_site
 from hetslurm.slurm.run import run_command
 
 _SDIAG_DBD_QUEUE = re.compile(r"DBD Agent queue size:\s*(\d+)")
-_SDIAG_SUBMIT = re.compile(r"REQUEST_SUBMIT_BATCH_JOB\s*\(\s*\d+\)\s*count:(\d+)\s*ave_time:(\d+)")
+_SDIAG_SUBMIT = re.compile(r"REQUEST_SUBMIT_BATCH_JOB\s*\(\s*\d+\)\s*count:(\d+)\s*ave_time:(\d+)"
+                           r"\s*total_time:(\d+)")
 
 TYPICAL = (
     "#!/bin/bash\n#SBATCH -t 10\n#SBATCH -J train\n#HET gpus=2 class=train\nsrun python t.py\n",
@@ -175,9 +178,10 @@ def bench_in_process(site_path: str | Path, calls: int = 20_000) -> dict[str, An
 
 
 def _sdiag_submit(env: dict[str, str]) -> tuple[int, int]:
+    """(count, total_time in microseconds) of REQUEST_SUBMIT_BATCH_JOB since the last reset."""
     out = run_command(["sdiag"], timeout=30, env=env).stdout
     m = _SDIAG_SUBMIT.search(out)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    return (int(m.group(1)), int(m.group(3))) if m else (0, 0)
 
 
 def _cpu_seconds(pid: int | None) -> float | None:
@@ -223,31 +227,53 @@ def _pending(env: dict[str, str]) -> int:
     return len(out.split())
 
 
-def depth_result(pending: int, with_us: list[int], without_us: list[int],
+def _mean(values: list[int]) -> float:
+    return round(statistics.fmean(values), 1)
+
+
+def depth_result(pending: int, with_rounds: list[list[int]], without_rounds: list[list[int]],
                  cpu_with: list[float], cpu_without: list[float],
                  lua_with: list[float] | None = None,
                  lua_without: list[float] | None = None) -> dict[str, Any]:
-    """One depth's entry: medians of the rounds, and the ratio held to the target.
+    """One depth's entry from its rounds: each round a list of per-submission times (us,
+    slurmctld's own time for that one REQUEST_SUBMIT_BATCH_JOB, from sdiag's total_time
+    read after it), the two sides' submissions alternating within the round.
 
-    Round r of one side and round r of the other ran back to back: their ratio cancels what
-    drifts slowly (the VM's speed, the database's state), so ``ratio`` is the median of
-    these paired ratios; ``ratio_of_medians`` is kept beside it.
+    ``with_hook_us`` and ``without_hook_us`` are the sides' mean submit times over all their
+    submissions (the issue's "average submit time"). ``ratio``, held to the target, is the
+    median over rounds of the round's mean with / mean without: within a round the two jobs
+    alternate submission by submission, so whatever drifts (the VM's speed, the database's
+    state, the controller's background threads) weighs on both sides alike.
+    ``ratio_of_means`` divides the overall means; ``ratio_of_medians`` the per-submission
+    medians (``with_hook_p50_us``, ``without_hook_p50_us``), which the rare submission that
+    waited for a lock does not move.
     """
-    w = statistics.median(with_us)
-    wo = statistics.median(without_us)
-    paired = [a / b for a, b in zip(with_us, without_us, strict=True) if b]
+    if len(with_rounds) != len(without_rounds):
+        raise ValueError("the two sides need the same number of rounds")
+    if not with_rounds or any(not r for r in with_rounds + without_rounds):
+        raise ValueError("every round needs submissions on both sides")
+    all_with = [v for r in with_rounds for v in r]
+    all_without = [v for r in without_rounds for v in r]
+    w, wo = statistics.fmean(all_with), statistics.fmean(all_without)
+    w50, wo50 = statistics.median(all_with), statistics.median(all_without)
+    paired = [statistics.fmean(a) / statistics.fmean(b)
+              for a, b in zip(with_rounds, without_rounds, strict=True) if statistics.fmean(b)]
     out: dict[str, Any] = {
         "pending": pending,
-        "with_hook_us": w,
-        "without_hook_us": wo,
+        "with_hook_us": round(w, 1),
+        "without_hook_us": round(wo, 1),
         "ratio": round(statistics.median(paired), 3) if paired else None,
-        "ratio_of_medians": round(w / wo, 3) if wo else None,
+        "ratio_of_means": round(w / wo, 3) if wo else None,
+        "with_hook_p50_us": w50,
+        "without_hook_p50_us": wo50,
+        "ratio_of_medians": round(w50 / wo50, 3) if wo50 else None,
+        "submissions": [len(all_with), len(all_without)],
         "paired_ratios": [round(x, 3) for x in paired],
-        "with_rounds_us": with_us,
-        "without_rounds_us": without_us,
+        "with_rounds_us": [_mean(r) for r in with_rounds],
+        "without_rounds_us": [_mean(r) for r in without_rounds],
     }
     # slurmctld's CPU per submission, and the hook's own Lua per call inside it
-    # (hetslurm.hook.luatimer): each side's figure is the mean over its rounds.
+    # (hetslurm.hook.luatimer): each side's figure is the mean over its submissions.
     for name, a, b in (("cpu", cpu_with, cpu_without), ("lua", lua_with, lua_without)):
         if not a or not b:
             continue
@@ -261,7 +287,7 @@ def depth_result(pending: int, with_us: list[int], without_us: list[int],
     return out
 
 
-def plugin_reference_result(blocks: list[tuple[str, list[int], list[int]]]
+def plugin_reference_result(blocks: list[tuple[str, list[float], list[float]]]
                             ) -> dict[str, Any]:
     """The plugin reference from its blocks of rounds: (phase, plain job rounds, #HET job
     rounds), phase "plugin" (job_submit/lua with the hook) or "none" (no job_submit plugin).
@@ -274,9 +300,9 @@ def plugin_reference_result(blocks: list[tuple[str, list[int], list[int]]]
     plain_off = [v for phase, plain, _ in blocks if phase == "none" for v in plain]
     if not plain_on or not het_on or not plain_off:
         raise ValueError("the plugin reference needs rounds with and without the plugin")
-    off = statistics.median(plain_off)
-    on = statistics.median(plain_on)
-    het = statistics.median(het_on)
+    off = round(statistics.median(plain_off), 1)
+    on = round(statistics.median(plain_on), 1)
+    het = round(statistics.median(het_on), 1)
     return {
         "pending": 0,
         "no_plugin_us": off,
@@ -284,25 +310,26 @@ def plugin_reference_result(blocks: list[tuple[str, list[int], list[int]]]
         "plugin_het_us": het,
         "plugin_ratio": round(on / off, 3) if off else None,
         "total_ratio": round(het / off, 3) if off else None,
-        "plugin_blocks_us": [statistics.median(plain) for phase, plain, _ in blocks
+        "plugin_blocks_us": [round(statistics.median(plain), 1) for phase, plain, _ in blocks
                              if phase == "plugin"],
         "rounds_us": [{"phase": phase, "plain": plain, "het": het_r}
                       for phase, plain, het_r in blocks],
     }
 
 
-def _plugin_reference(tb: Any, measure: Callable[[str], int], rounds: int,
-                      say: Callable[[str], None]) -> dict[str, Any]:
+def _plugin_reference(tb: Any, measure: Callable[[tuple[str, ...]], dict[str, list[int]]],
+                      rounds: int, say: Callable[[str], None]) -> dict[str, Any]:
     """The same plain job with no job_submit plugin configured at all (slurmctld restarted
     without ``JobSubmitPlugins=lua``), between two blocks with the hook; the #HET job in the
-    hook's blocks. What job_submit/lua itself costs (Slurm 22.05 rebuilds a Lua table of every
-    job it holds before each call), beside what the hook's decision adds."""
+    hook's blocks (the two jobs alternating submission by submission there). What
+    job_submit/lua itself costs (Slurm 22.05 rebuilds a Lua table of every job it holds
+    before each call), beside what the hook's decision adds."""
     conf = tb.conf
     with_plugin = conf.read_text()
     without = re.sub(r"(?m)^JobSubmitPlugins=lua\n", "", with_plugin)
     if without == with_plugin:
         raise RuntimeError(f"{conf} has no JobSubmitPlugins=lua line")
-    blocks: list[tuple[str, list[int], list[int]]] = []
+    blocks: list[tuple[str, list[float], list[float]]] = []
     try:
         for phase, text in (("plugin", with_plugin), ("none", without), ("plugin", with_plugin)):
             if conf.read_text() != text:
@@ -311,15 +338,16 @@ def _plugin_reference(tb: Any, measure: Callable[[str], int], rounds: int,
                 conf.write_text(text)
                 tb.restart_ctld()
                 for _ in range(2):  # a restarted controller is slower for a while
-                    measure("without")
-            plain: list[int] = []
-            het: list[int] = []
+                    measure(("without",))
+            plain: list[float] = []
+            het: list[float] = []
             for r in range(rounds):
                 if phase == "none":
-                    plain.append(measure("without"))
+                    plain.append(_mean(measure(("without",))["without"]))
                     continue
-                for side in (("with", "without") if r % 2 == 0 else ("without", "with")):
-                    (het if side == "with" else plain).append(measure(side))
+                got = measure(("with", "without") if r % 2 == 0 else ("without", "with"))
+                het.append(_mean(got["with"]))
+                plain.append(_mean(got["without"]))
             blocks.append((phase, plain, het))
     finally:
         if conf.read_text() != with_plugin:
@@ -385,28 +413,48 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
         cpu_per_job: dict[str, list[float]] = {"with": [], "without": []}
         lua_per_call: dict[str, list[float]] = {"with": [], "without": []}
 
-        def measure(side: str) -> int:
-            args = [] if side == "with" else equivalent
-            path = script if side == "with" else plain
+        def _submitted(expected: int) -> int:
+            # slurmctld records an RPC's statistics after it has answered it, so sbatch can
+            # be gone before its submission shows in sdiag: read again until it does.
+            deadline = time.monotonic() + 10
+            while True:
+                count, total = _sdiag_submit(env)
+                if count == expected:
+                    return total
+                if count > expected or time.monotonic() > deadline:
+                    raise RuntimeError(f"sdiag counted {count} submissions, expected "
+                                       f"{expected}")
+                time.sleep(0.001)
+
+        def measure(sides: tuple[str, ...]) -> dict[str, list[int]]:
+            """One round: jobs_per_round submissions per side, the sides taking turns
+            submission by submission (in the order given, then reversed, and so on), each
+            one's slurmctld time from the rise of sdiag's total_time across it."""
             settle()
             run_command(["sdiag", "-r"], timeout=30, env=env)
             pid = ctld_pid()
-            cpu0 = _cpu_seconds(pid)
-            lua0 = luatimer.read(timer[1]) if timer is not None else None
-            ids = [submit(path, *args) for _ in range(jobs_per_round)]
-            cpu1 = _cpu_seconds(pid)
-            lua1 = luatimer.read(timer[1]) if timer is not None else None
-            if cpu0 is not None and cpu1 is not None:
-                cpu_per_job[side].append((cpu1 - cpu0) / jobs_per_round * 1e6)
-            if lua0 is not None and lua1 is not None and lua1[1] > lua0[1]:
-                lua_per_call[side].append((lua1[0] - lua0[0]) / (lua1[1] - lua0[1]) / 1000)
-            count, ave = _sdiag_submit(env)
+            times: dict[str, list[int]] = {side: [] for side in sides}
+            ids: list[str] = []
+            last = 0
+            for i in range(jobs_per_round):
+                for side in (sides if i % 2 == 0 else sides[::-1]):
+                    cpu0 = _cpu_seconds(pid)
+                    lua0 = luatimer.read(timer[1]) if timer is not None else None
+                    ids.append(submit(script) if side == "with"
+                               else submit(plain, *equivalent))
+                    cpu1 = _cpu_seconds(pid)
+                    lua1 = luatimer.read(timer[1]) if timer is not None else None
+                    total = _submitted(len(ids))
+                    times[side].append(total - last)
+                    last = total
+                    if cpu0 is not None and cpu1 is not None:
+                        cpu_per_job[side].append((cpu1 - cpu0) * 1e6)
+                    if lua0 is not None and lua1 is not None and lua1[1] > lua0[1]:
+                        lua_per_call[side].append((lua1[0] - lua0[0])
+                                                  / (lua1[1] - lua0[1]) / 1000)
             # The round's own jobs go again, so the queue stays at the depth being measured.
             run_command(["scancel", *ids], timeout=120, env=env)
-            if count < jobs_per_round:
-                raise RuntimeError(f"sdiag counted {count} submissions, expected "
-                                   f"{jobs_per_round}")
-            return ave
+            return times
 
         # The hook enforcing throughout: no reload between rounds, so the sides alternate
         # round by round. "without" submits the same job as plain options; the hook still
@@ -421,8 +469,7 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
         # two unmeasured rounds per side first.
         say("warming up the controller")
         for _ in range(2):
-            for side in ("with", "without"):
-                measure(side)
+            measure(("with", "without"))
         reference = None
         for depth in depths:
             missing = depth - _pending(env)
@@ -448,17 +495,18 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
                 with ThreadPoolExecutor(max_workers=4) as pool:
                     list(pool.map(lambda _i: submit(filler), range(missing)))
             pending = _pending(env)
-            with_us: list[int] = []
-            without_us: list[int] = []
+            with_rounds: list[list[int]] = []
+            without_rounds: list[list[int]] = []
             for key in cpu_per_job:
                 cpu_per_job[key].clear()
                 lua_per_call[key].clear()
             for r in range(rounds):
-                order = ("with", "without") if r % 2 == 0 else ("without", "with")
-                for side in order:
-                    ave = measure(side)
-                    (with_us if side == "with" else without_us).append(ave)
-            results.append(depth_result(pending, with_us, without_us,
+                got = measure(("with", "without") if r % 2 == 0 else ("without", "with"))
+                with_rounds.append(got["with"])
+                without_rounds.append(got["without"])
+                say(f"depth {pending}, round {r + 1}/{rounds}: with "
+                    f"{_mean(got['with'])} us, without {_mean(got['without'])} us")
+            results.append(depth_result(pending, with_rounds, without_rounds,
                                         cpu_per_job["with"], cpu_per_job["without"],
                                         lua_per_call["with"], lua_per_call["without"]))
             w, wo = results[-1]["with_hook_us"], results[-1]["without_hook_us"]

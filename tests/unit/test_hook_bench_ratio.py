@@ -15,21 +15,31 @@ from hetslurm.hook.bench import _cpu_seconds, depth_result, plugin_reference_res
 
 
 def test_paired_ratio_cancels_a_slow_stretch() -> None:
-    # Pairs 3 and 4 ran while the VM was twice as slow: the medians of each side move,
-    # the pairs' ratios do not.
-    with_us = [1050, 1060, 2100, 2120, 1040]
-    without_us = [1000, 1000, 2000, 2000, 1000]
-    got = depth_result(0, with_us, without_us, [], [])
+    # Rounds 3 and 4 ran while the VM was twice as slow: the means of each side move,
+    # the rounds' ratios do not (the two jobs alternate within a round).
+    with_rounds = [[1050, 1050], [1060, 1060], [2100, 2100], [2120, 2120], [1040, 1040]]
+    without_rounds = [[1000, 1000], [1000, 1000], [2000, 2000], [2000, 2000], [1000, 1000]]
+    got = depth_result(0, with_rounds, without_rounds, [], [])
     assert got["paired_ratios"] == [1.05, 1.06, 1.05, 1.06, 1.04]
     assert got["ratio"] == 1.05
-    assert got["with_hook_us"] == 1060 and got["without_hook_us"] == 1000
-    assert got["ratio_of_medians"] == 1.06
+    assert got["with_hook_us"] == 1474.0 and got["without_hook_us"] == 1400.0
+    assert got["ratio_of_means"] == round(1474 / 1400, 3)
+    assert got["with_rounds_us"] == [1050.0, 1060.0, 2100.0, 2120.0, 1040.0]
+    assert got["submissions"] == [10, 10]
     assert "cpu_ratio" not in got
 
 
+def test_the_ratio_is_of_means_and_the_medians_are_beside_it() -> None:
+    # One submission of the hook's side waited for a lock: the mean (the target's figure)
+    # carries it, the per-submission median does not.
+    got = depth_result(0, [[500, 500, 500, 3500]], [[500, 500, 500, 500]], [], [])
+    assert got["with_hook_us"] == 1250.0 and got["ratio"] == 2.5
+    assert got["with_hook_p50_us"] == 500 and got["ratio_of_medians"] == 1.0
+
+
 def test_a_costly_hook_shows_in_the_ratio_and_the_cpu_figures() -> None:
-    got = depth_result(1000, [1500, 1600, 1550], [1000, 1000, 1000], [300.0, 310.0],
-                       [150.0, 160.0])
+    got = depth_result(1000, [[1500], [1600], [1550]], [[1000], [1000], [1000]],
+                       [300.0, 310.0], [150.0, 160.0])
     assert got["ratio"] == 1.55
     assert got["pending"] == 1000
     assert got["with_hook_cpu_us"] == 305.0 and got["without_hook_cpu_us"] == 155.0
@@ -38,14 +48,31 @@ def test_a_costly_hook_shows_in_the_ratio_and_the_cpu_figures() -> None:
 
 def test_rounds_must_pair() -> None:
     with pytest.raises(ValueError):
-        depth_result(0, [1000, 1000], [1000], [], [])
+        depth_result(0, [[1000], [1000]], [[1000]], [], [])
+    with pytest.raises(ValueError):
+        depth_result(0, [[1000], []], [[1000], [1000]], [], [])
 
 
 def test_the_hooks_own_lua_time_per_call() -> None:
-    got = depth_result(0, [1000, 1000], [950, 950], [], [], [50.0, 54.0], [14.0, 16.0])
+    got = depth_result(0, [[1000], [1000]], [[950], [950]], [], [], [50.0, 54.0], [14.0, 16.0])
     assert got["with_hook_lua_us"] == 52.0 and got["without_hook_lua_us"] == 15.0
     assert got["lua_extra_us"] == 37.0
-    assert "with_hook_lua_us" not in depth_result(0, [1], [1], [], [])
+    assert "with_hook_lua_us" not in depth_result(0, [[1]], [[1]], [], [])
+
+
+def test_sdiag_total_time_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The per-submission figure is the rise of total_time; the line as 22.05's sdiag prints it.
+    from hetslurm.hook import bench
+
+    class Done:
+        stdout = ("Remote Procedure Call statistics by message type\n"
+                  "\tREQUEST_STATS_INFO                      ( 2035) count:7      "
+                  "ave_time:120    total_time:840\n"
+                  "\tREQUEST_SUBMIT_BATCH_JOB                ( 4003) count:3      "
+                  "ave_time:701    total_time:2104\n")
+
+    monkeypatch.setattr(bench, "run_command", lambda *a, **k: Done())
+    assert bench._sdiag_submit({}) == (3, 2104)
 
 
 def test_process_cpu_clock_of_another_process() -> None:
