@@ -89,8 +89,8 @@ def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
               help="Submissions per side in a measurement round.")
 @click.option("--rounds", type=click.IntRange(1, 100), default=20, show_default=True,
               help="Rounds per depth; within a round the #HET job and the plain job alternate "
-                   "submission by submission, and the ratio is the median of the rounds' "
-                   "mean with / mean without.")
+                   "submission by submission; the ratio is that of the two jobs' mean "
+                   "submit times over all rounds.")
 @click.option("--plugin-reference/--no-plugin-reference", default=True, show_default=True,
               help="Also time the plain job with no job_submit plugin at all (slurmctld "
                    "restarted without JobSubmitPlugins=lua, between two blocks with the "

@@ -14,27 +14,31 @@ from hetslurm.hook import luatimer
 from hetslurm.hook.bench import _cpu_seconds, depth_result, plugin_reference_result
 
 
-def test_paired_ratio_cancels_a_slow_stretch() -> None:
-    # Rounds 3 and 4 ran while the VM was twice as slow: the means of each side move,
-    # the rounds' ratios do not (the two jobs alternate within a round).
-    with_rounds = [[1050, 1050], [1060, 1060], [2100, 2100], [2120, 2120], [1040, 1040]]
+def test_the_ratio_of_means_cancels_a_slow_stretch() -> None:
+    # Rounds 3 and 4 ran while the VM was twice as slow: both sides' submissions alternate,
+    # so the stretch weighs on both alike and the ratio of the means stays put.
+    with_rounds = [[1050, 1050], [1050, 1050], [2100, 2100], [2100, 2100], [1050, 1050]]
     without_rounds = [[1000, 1000], [1000, 1000], [2000, 2000], [2000, 2000], [1000, 1000]]
     got = depth_result(0, with_rounds, without_rounds, [], [])
-    assert got["paired_ratios"] == [1.05, 1.06, 1.05, 1.06, 1.04]
     assert got["ratio"] == 1.05
-    assert got["with_hook_us"] == 1474.0 and got["without_hook_us"] == 1400.0
-    assert got["ratio_of_means"] == round(1474 / 1400, 3)
-    assert got["with_rounds_us"] == [1050.0, 1060.0, 2100.0, 2120.0, 1040.0]
+    assert got["with_hook_us"] == 1470.0 and got["without_hook_us"] == 1400.0
+    assert got["paired_ratios"] == [1.05] * 5
+    assert got["with_rounds_us"] == [1050.0, 1050.0, 2100.0, 2100.0, 1050.0]
     assert got["submissions"] == [10, 10]
     assert "cpu_ratio" not in got
 
 
 def test_the_ratio_is_of_means_and_the_medians_are_beside_it() -> None:
     # One submission of the hook's side waited for a lock: the mean (the target's figure)
-    # carries it, the per-submission median does not.
+    # carries it, the per-submission median does not; the p99 shows it.
     got = depth_result(0, [[500, 500, 500, 3500]], [[500, 500, 500, 500]], [], [])
     assert got["with_hook_us"] == 1250.0 and got["ratio"] == 2.5
     assert got["with_hook_p50_us"] == 500 and got["ratio_of_medians"] == 1.0
+    assert got["with_hook_p99_us"] == 500 and got["without_hook_p99_us"] == 500
+    many = depth_result(0, [[500] * 99 + [3500]], [[500] * 100], [], [])
+    assert many["with_hook_p99_us"] == 500 and max(many["paired_ratios"]) == 1.06
+    assert depth_result(0, [[500] * 98 + [3500] * 2], [[500] * 100], [], [])[
+        "with_hook_p99_us"] == 3500
 
 
 def test_a_costly_hook_shows_in_the_ratio_and_the_cpu_figures() -> None:
