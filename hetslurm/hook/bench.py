@@ -29,7 +29,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -72,7 +72,7 @@ def adversarial_scripts() -> dict[str, str]:
     }
 
 
-def _percentile(values: list[float], q: float) -> float:
+def _percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     k = max(0, min(len(ordered) - 1, round(q * (len(ordered) - 1))))
     return ordered[k]
@@ -254,12 +254,13 @@ def depth_result(pending: int, with_rounds: list[list[int]], without_rounds: lis
         raise ValueError("the two sides need the same number of rounds")
     if not with_rounds or any(not r for r in with_rounds + without_rounds):
         raise ValueError("every round needs submissions on both sides")
-    all_with = sorted(v for r in with_rounds for v in r)
-    all_without = sorted(v for r in without_rounds for v in r)
+    all_with = [v for r in with_rounds for v in r]
+    all_without = [v for r in without_rounds for v in r]
     w, wo = statistics.fmean(all_with), statistics.fmean(all_without)
     w50, wo50 = statistics.median(all_with), statistics.median(all_without)
-    paired = [statistics.fmean(a) / statistics.fmean(b)
-              for a, b in zip(with_rounds, without_rounds, strict=True) if statistics.fmean(b)]
+    with_means = [statistics.fmean(r) for r in with_rounds]
+    without_means = [statistics.fmean(r) for r in without_rounds]
+    paired = [a / b for a, b in zip(with_means, without_means, strict=True) if b]
     out: dict[str, Any] = {
         "pending": pending,
         "with_hook_us": round(w, 1),
@@ -268,12 +269,12 @@ def depth_result(pending: int, with_rounds: list[list[int]], without_rounds: lis
         "with_hook_p50_us": w50,
         "without_hook_p50_us": wo50,
         "ratio_of_medians": round(w50 / wo50, 3) if wo50 else None,
-        "with_hook_p99_us": all_with[int(0.99 * (len(all_with) - 1))],
-        "without_hook_p99_us": all_without[int(0.99 * (len(all_without) - 1))],
+        "with_hook_p99_us": _percentile(all_with, 0.99),
+        "without_hook_p99_us": _percentile(all_without, 0.99),
         "submissions": [len(all_with), len(all_without)],
         "paired_ratios": [round(x, 3) for x in paired],
-        "with_rounds_us": [_mean(r) for r in with_rounds],
-        "without_rounds_us": [_mean(r) for r in without_rounds],
+        "with_rounds_us": [round(x, 1) for x in with_means],
+        "without_rounds_us": [round(x, 1) for x in without_means],
     }
     # slurmctld's CPU per submission, and the hook's own Lua per call inside it
     # (hetslurm.hook.luatimer): each side's figure is the mean over its submissions.

@@ -34,7 +34,7 @@ def test_the_ratio_is_of_means_and_the_medians_are_beside_it() -> None:
     got = depth_result(0, [[500, 500, 500, 3500]], [[500, 500, 500, 500]], [], [])
     assert got["with_hook_us"] == 1250.0 and got["ratio"] == 2.5
     assert got["with_hook_p50_us"] == 500 and got["ratio_of_medians"] == 1.0
-    assert got["with_hook_p99_us"] == 500 and got["without_hook_p99_us"] == 500
+    assert got["with_hook_p99_us"] == 3500 and got["without_hook_p99_us"] == 500
     many = depth_result(0, [[500] * 99 + [3500]], [[500] * 100], [], [])
     assert many["with_hook_p99_us"] == 500 and max(many["paired_ratios"]) == 1.06
     assert depth_result(0, [[500] * 98 + [3500] * 2], [[500] * 100], [], [])[
