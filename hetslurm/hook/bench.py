@@ -42,7 +42,7 @@ from hetslurm.site import load_site
 from hetslurm.slurm.run import run_command
 
 _SDIAG_DBD_QUEUE = re.compile(r"DBD Agent queue size:\s*(\d+)")
-_SDIAG_SUBMIT = re.compile(r"REQUEST_SUBMIT_BATCH_JOB\s*\(\s*\d+\)\s*count:(\d+)\s*ave_time:(\d+)"
+_SDIAG_SUBMIT = re.compile(r"REQUEST_SUBMIT_BATCH_JOB\s*\(\s*\d+\)\s*count:(\d+)\s*ave_time:\d+"
                            r"\s*total_time:(\d+)")
 
 TYPICAL = (
@@ -54,6 +54,17 @@ TYPICAL = (
     "#!/bin/bash\n#SBATCH -t 10\n#SBATCH -N 1\n# no directives at all\nsrun hostname\n",
     "#!/bin/bash\n#HET nodes=2 gpus=8 locality=switch switch-wait=5m priority=low\nsrun x\n",
 )
+
+
+#: The job both the cold figure and the testbed benchmark time, with its request (TYPICAL[0])
+#: and as the fields the hook writes for it, given directly (the hook scans it and leaves it).
+HET_LINE = "#HET gpus=2 class=train\n"
+PLAIN_SCRIPT = TYPICAL[0].replace(HET_LINE, "")
+PLAIN_FIELDS = {"tres_per_node": "gres:gpu:2", "features": "h100|a100", "partition": "gpu"}
+#: The same fields as sbatch options.
+PLAIN_OPTIONS = [f"--gres={PLAIN_FIELDS['tres_per_node'].removeprefix('gres:')}",
+                 f"--constraint={PLAIN_FIELDS['features']}",
+                 f"--partition={PLAIN_FIELDS['partition']}"]
 
 
 def adversarial_scripts() -> dict[str, str]:
@@ -158,8 +169,7 @@ def bench_in_process(site_path: str | Path, calls: int = 20_000) -> dict[str, An
     # Cold: the #HET job of the testbed benchmark and the same job as plain options, each call
     # after the caches were flushed (cold_calls).
     het = {"script": TYPICAL[0], "user_name": "root"}
-    plain = {"script": TYPICAL[0].replace("#HET gpus=2 class=train\n", ""), "user_name": "root",
-             "tres_per_node": "gres:gpu:2", "features": "h100|a100", "partition": "gpu"}
+    plain = {"script": PLAIN_SCRIPT, "user_name": "root", **PLAIN_FIELDS}
     cold_het = statistics.median(cold_calls(rt, het, COLD_CALLS))
     cold_plain = statistics.median(cold_calls(rt, plain, COLD_CALLS))
     return {
@@ -181,7 +191,7 @@ def _sdiag_submit(env: dict[str, str]) -> tuple[int, int]:
     """(count, total_time in microseconds) of REQUEST_SUBMIT_BATCH_JOB since the last reset."""
     out = run_command(["sdiag"], timeout=30, env=env).stdout
     m = _SDIAG_SUBMIT.search(out)
-    return (int(m.group(1)), int(m.group(3))) if m else (0, 0)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
 
 
 def _cpu_seconds(pid: int | None) -> float | None:
@@ -388,8 +398,7 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
         # sbatch directly, so both sides make slurmctld validate the same gres, features and
         # partition and the difference is the hook's own cost.
         plain = root / "plain.sh"
-        plain.write_text(TYPICAL[0].replace("#HET gpus=2 class=train\n", ""))
-        equivalent = ["--gres=gpu:2", "--constraint=h100|a100", "--partition=gpu"]
+        plain.write_text(PLAIN_SCRIPT)
         filler = root / "filler.sh"
         filler.write_text("#!/bin/sh\ntrue\n")
 
@@ -445,7 +454,7 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
                     cpu0 = _cpu_seconds(pid)
                     lua0 = luatimer.read(timer[1]) if timer is not None else None
                     ids.append(submit(script) if side == "with"
-                               else submit(plain, *equivalent))
+                               else submit(plain, *PLAIN_OPTIONS))
                     cpu1 = _cpu_seconds(pid)
                     lua1 = luatimer.read(timer[1]) if timer is not None else None
                     total = _submitted(len(ids))
