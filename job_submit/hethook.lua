@@ -201,34 +201,71 @@ local function add_directive(lines, count, bytes, n, script, pos, stop)
   return lines, count + 1, bytes
 end
 
--- Line by line, for the rare script whose header may hold a heterogeneous-job separator.
-local function scan_lines(script, limit)
-  local lines, count = NO_LINES, 0
-  local pos, n, bytes = 1, 0, 0
+-- The header is walked line by line (its line numbers are the messages'), but only while a
+-- "#HET" line start remains ahead of the walk; where a script holds none, one plain search
+-- (memchr in C) answers and no line is visited. The walk stops at the header's end, after the
+-- last "#HET" line start, or at MAX_HEADER_LINES, so a 4 MB flood of short comment lines costs
+-- a few milliseconds, not half a second (docs/security.md).
+M.MAX_HEADER_LINES = 10000
+
+-- The first "#HET" at the start of a line at or after line start `pos`, or nil.
+local function next_het(script, pos)
+  if pos == 1 then
+    local a, b, c, d = string_byte(script, 1, 4)
+    if a == 35 and b == 72 and c == 69 and d == 84 then
+      return 1
+    end
+    pos = 2
+  end
+  local p = string_find(script, "\n#HET", pos - 1, true)
+  return p and p + 1
+end
+
+function M.script_directives(script)
+  local limit = #script
+  if limit > M.MAX_SCRIPT_BYTES then
+    limit = M.MAX_SCRIPT_BYTES
+  end
+  local het = next_het(script, 1)
+  if not het or het > limit then
+    return NO_LINES
+  end
+  local lines, count, bytes = NO_LINES, 0, 0
+  local pos, n = 1, 0
   local in_later_component = nil
-  while pos <= limit do
+  while het and het <= limit do
     n = n + 1
+    if n > M.MAX_HEADER_LINES then
+      return nil, string_format("script line %d: more than %d header lines before a line "
+        .. "starting with #HET; put the #HET lines at the top of the script", n,
+        M.MAX_HEADER_LINES)
+    end
     local nl = string_find(script, "\n", pos, true)
     local stop = (nl and nl <= limit) and nl - 1 or limit
-    -- Bytes, not substrings: no allocation per line (100,000-line headers stay fast).
-    local c, c1, c2, c3, after = string_byte(script, pos, pos + 4)
-    if c ~= 35 then -- not '#' in column 0: blank, an indented comment, or the header's end
-      local first = string_find(script, "[^ \t\r\f\v]", pos)
-      if first and first <= stop and string_byte(script, first) ~= 35 then
-        break
-      end
-    elseif c1 == 72 and c2 == 69 and c3 == 84 then -- "#HET"
+    -- Bytes, not substrings: no allocation per line.
+    local c, c1, c2 = string_byte(script, pos, pos + 2)
+    if pos == het then -- "#HET" in column 0
+      local after = string_byte(script, pos + 4)
       if pos + 4 > stop or after == 32 or after == 9 or after == 13 then
         if in_later_component then
           return nil, string_format("#HET line %d: #HET lines after '#SBATCH hetjob' (line %d) "
             .. "would apply to the first component; give a later component its request with "
             .. "#SBATCH --comment=\"het: ...\"", n, in_later_component)
         end
-        local added, c, b = add_directive(lines, count, bytes, n, script, pos, stop)
+        local added, k, b = add_directive(lines, count, bytes, n, script, pos, stop)
         if not added then
-          return nil, c
+          return nil, k
         end
-        lines, count, bytes = added, c, b
+        lines, count, bytes = added, k, b
+      end
+      if not nl then
+        break
+      end
+      het = next_het(script, nl + 1)
+    elseif c ~= 35 then -- not '#' in column 0: blank, an indented comment, or the header's end
+      local _, e = string_find(script, "^[ \t\r\f\v]*", pos)
+      if e < stop and string_byte(script, e + 1) ~= 35 then
+        break
       end
     elseif c1 == 83 and c2 == 66 then -- "#SB"
       local word = string_match(string_sub(script, pos, pos + 40), "^#SBATCH[ \t]+(%a+)")
@@ -240,66 +277,6 @@ local function scan_lines(script, limit)
       break
     end
     pos = nl + 1
-  end
-  return lines
-end
-
--- The header's end without visiting every line: one pattern search finds the first line whose
--- first non-blank byte is not '#', and plain searches find the "#HET" line starts before it;
--- line numbers are counted only up to the directives found.
-function M.script_directives(script)
-  local limit = #script
-  if limit > M.MAX_SCRIPT_BYTES then
-    limit = M.MAX_SCRIPT_BYTES
-  end
-  -- Heterogeneous-job separators are rare: if the words occur at all, go line by line.
-  if string_find(script, "hetjob", 1, true) or string_find(script, "packjob", 1, true) then
-    return scan_lines(script, limit)
-  end
-  local hend = limit + 1 -- the first byte after the header
-  local _, e = string_find(script, "^[ \t\r\f\v]*[^# \t\r\f\v\n]")
-  if e then
-    if e <= limit then
-      hend = 1
-    end
-  else
-    local nl
-    nl, e = string_find(script, "\n[ \t\r\f\v]*[^# \t\r\f\v\n]")
-    if nl and e <= limit then
-      hend = nl + 1
-    end
-  end
-  local lines, count, bytes = NO_LINES, 0, 0
-  local n, counted = 1, 1 -- line n starts at or before `counted`
-  local pos = string_find(script, "^#HET")
-  if not pos then
-    pos = string_find(script, "\n#HET", 1, true)
-    pos = pos and pos + 1
-  end
-  while pos and pos < hend do
-    local nl = string_find(script, "\n", pos, true)
-    local stop = (nl and nl <= limit) and nl - 1 or limit
-    local after = string_byte(script, pos + 4)
-    if pos + 4 > stop or after == 32 or after == 9 or after == 13 then
-      while true do
-        local q = string_find(script, "\n", counted, true)
-        if not q or q >= pos then
-          break
-        end
-        n = n + 1
-        counted = q + 1
-      end
-      local added, c, b = add_directive(lines, count, bytes, n, script, pos, stop)
-      if not added then
-        return nil, c
-      end
-      lines, count, bytes = added, c, b
-    end
-    if not nl then
-      break
-    end
-    pos = string_find(script, "\n#HET", nl, true)
-    pos = pos and pos + 1
   end
   return lines
 end
@@ -577,6 +554,37 @@ local function find_segment(text, key)
 end
 M.find_segment = find_segment
 
+-- The record's marker ("hetslurm:{") is the hook's alone in the record's field: a job that
+-- brings one of its own (a forged or unterminated record) is refused at submission, and an
+-- update that adds one is refused, so the field never holds more than the hook's segment and
+-- every reader (check_modify, act, explain, the audit) reads the hook's decision and only it.
+local MARKS = setmetatable({}, { __mode = "k" })
+local function marker(rec)
+  local m = MARKS[rec]
+  if not m then
+    m = rec.key .. ":{"
+    MARKS[rec] = m
+  end
+  return m
+end
+
+local function reserved_message(rec)
+  return "hetslurm: the text '" .. rec.key .. ":{' is reserved for the hook's decision record "
+    .. "in the job's " .. rec.field .. "; remove it"
+end
+
+-- A message when the job's own text in the record's field holds the marker, else nil.
+local function reserved_text(job, rec)
+  if rec.field == "none" then
+    return nil
+  end
+  local own = job[rec.field]
+  if type(own) == "string" and string_find(own, marker(rec), 1, true) then
+    return reserved_message(rec)
+  end
+  return nil
+end
+
 -- The field's new text: our segment replaced or appended, other tools' text kept as it is.
 local function merge_record(old, seg, key)
   if not nonempty(old) then
@@ -781,6 +789,10 @@ end
 --   code, message (reject); record (the segment written to rules.record.field)
 function M.decide(job, rules, hetreq, slurm)
   local C = codes(slurm)
+  local forged = reserved_text(job, rules.record)
+  if forged then
+    return reject({ action = "none", nw = 0 }, C.access, forged)
+  end
   local source, text, lines, err = request_text(job)
   if not source and not err then
     return NO_REQUEST
@@ -1329,14 +1341,30 @@ function M.check_modify(job, job_rec, modify_uid, rules, slurm)
   if rec.field == "none" then
     return nil
   end
-  local fields, seg = record_fields(job_rec[rec.field], rec.key)
-  if not fields then
-    return nil
+  local mark = marker(rec)
+  local current = job_rec[rec.field]
+  local fields, seg = record_fields(current, rec.key)
+  if fields and string_find(current, mark, string_find(current, seg, 1, true) + 1, true) then
+    -- A record followed by another marker (a job submitted before markers were refused):
+    -- which one is the hook's cannot be told, so nothing the record protects may change.
+    return C.access, "hetslurm: the job's " .. rec.field .. " holds more than one '" .. mark
+      .. "' segment; ask an administrator to change it"
   end
   local new_rec = job[rec.field]
-  if type(new_rec) == "string" and not string_find(new_rec, seg, 1, true) then
-    return C.access, "hetslurm: the " .. rec.field .. " segment '" .. rec.key
-      .. ":{...}' is the hook's decision record; keep it when you change the field"
+  if type(new_rec) == "string" then
+    local at = seg and string_find(new_rec, seg, 1, true)
+    if seg and not at then
+      return C.access, "hetslurm: the " .. rec.field .. " segment '" .. rec.key
+        .. ":{...}' is the hook's decision record; keep it when you change the field"
+    end
+    -- The only marker allowed in the new text is the record's own, where it stands.
+    local first = string_find(new_rec, mark, 1, true)
+    if first and (first ~= at or string_find(new_rec, mark, at + 1, true)) then
+      return C.access, reserved_message(rec)
+    end
+  end
+  if not fields then
+    return nil
   end
   for _, f in ipairs(fields) do
     -- bitflags arrive with every update (Slurm fills them in), so they cannot be compared.

@@ -279,6 +279,10 @@ def decision_record(job: JobInfo, field_name: str = "admin_comment",
     if field_name == "none":
         return {}
     text = job.comment if field_name == "comment" else job.admin_comment
+    if (text or "").count(key + ":{") > 1:
+        # The hook refuses a second marker (docs/security.md); one here was written before
+        # that, and which segment is the hook's cannot be told: trust neither.
+        return {}
     for m in _RECORD.finditer(text or ""):
         if m.group(1) == key:
             try:

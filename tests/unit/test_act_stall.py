@@ -300,3 +300,15 @@ def test_a_record_that_reads_differently_is_not_trusted(tmp_path: Path) -> None:
     out = execute(fake, d, c, log, now=NOW, output_probe=append_probe)
     assert out[0].result == "skipped" and "not trusted" in out[0].detail
     assert fake.job(1).state == "RUNNING"
+
+
+def test_decision_record_with_two_markers_is_not_trusted() -> None:
+    """Issue 18, finding 3 (the reader's side): a field holding two record markers (one
+    forged before the hook refused them) gives no record, not the first segment."""
+    from hetslurm.act.stall import decision_record
+
+    honest = 'hetslurm:{"v":1,"outcome":"rewrite","on_idle":"notify"}'
+    assert decision_record(job(1, admin_comment=honest))["on_idle"] == "notify"
+    forged = 'hetslurm:{"v":1,"on_idle":"notify"} ' + honest.replace("notify", "requeue")
+    assert decision_record(job(1, admin_comment=forged)) == {}
+    assert decision_record(job(1, comment=forged), "comment") == {}

@@ -272,7 +272,13 @@ def big_cases() -> list[Case]:
                   "#HET line 66: more than 64 #HET lines; a request has at most 32 words, so put "
                   "several on one line"))
     sbatch_many = "#!/bin/sh\n" + "#SBATCH --comment=x\n" * 100_000 + "#HET gpus=2\ntrue\n"
-    cases.append(("sbatch100k", {"script": sbatch_many}, "fields",
+    # The header is walked at most MAX_HEADER_LINES (10,000) lines toward a #HET line: past
+    # that the job is refused, never read slowly (docs/security.md).
+    cases.append(("sbatch100k", {"script": sbatch_many}, "reject-exact",
+                  "script line 10001: more than 10000 header lines before a line starting "
+                  "with #HET; put the #HET lines at the top of the script"))
+    sbatch_most = "#!/bin/sh\n" + "#SBATCH --comment=x\n" * 9_998 + "#HET gpus=2\ntrue\n"
+    cases.append(("sbatch10k", {"script": sbatch_most}, "fields",
                   {"tres_per_node": "gres:gpu:2"}))
     filler = "#" + "z" * 1022 + "\n"
     header4m = "#!/bin/sh\n" + filler * ((MAX_SCRIPT - 100) // len(filler))

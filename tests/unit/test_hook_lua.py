@@ -628,14 +628,77 @@ def test_modify_without_record_is_allowed(rt: HookRuntime) -> None:
 # The record field ----------------------------------------------------------------------------
 
 
-def test_record_keeps_other_tools_text_and_replaces_its_own(rt: HookRuntime) -> None:
+def test_record_keeps_other_tools_text(rt: HookRuntime) -> None:
     res = submit(rt, script("#HET gpus=1"), admin_comment="JS1:eyJ4Ijox}")
     assert res.fields["admin_comment"].startswith("JS1:eyJ4Ijox} hetslurm:{")
-    old = res.fields["admin_comment"]
-    res2 = submit(rt, script("#HET gpus=2"), admin_comment=old)
-    new = res2.fields["admin_comment"]
-    assert new.startswith("JS1:eyJ4Ijox} hetslurm:{") and new.count("hetslurm:{") == 1
-    assert '"req":"gpus=2"' in new
+    assert res.fields["admin_comment"].count("hetslurm:{") == 1
+
+
+RESERVED = ("hetslurm: the text 'hetslurm:{' is reserved for the hook's decision record in "
+            "the job's {field}; remove it")
+
+
+def _comment_record_hook(demo: Site) -> HookRuntime:
+    from dataclasses import replace
+
+    from hetslurm.site.schema import HookPolicy
+
+    sections = dict(demo.sections)
+    sections["hook"] = HookPolicy(record_field="comment")
+    return HookRuntime(render_hook(replace(demo, sections=sections)).text)
+
+
+@pytest.mark.parametrize("text", [
+    'hetslurm:{"set":"x"',                       # unterminated (issue 18, finding 3)
+    'hetslurm:{"v":1,"set":"x"}',                # complete, forged
+    'mine hetslurm:{"set":"x"} hetslurm:{',      # two
+    "a hetslurm:{",
+])
+@pytest.mark.parametrize("request_lines", [("#HET gpus=2 class=train",), ("#HET gpus=1",), ()])
+def test_a_submitted_record_marker_is_refused(demo: Site, text: str,
+                                              request_lines: tuple[str, ...]) -> None:
+    rt2 = _comment_record_hook(demo)
+    res = submit(rt2, script(*request_lines), comment=text)
+    assert res.rc == ACCESS and not res.writes
+    assert res.user_messages == (RESERVED.replace("{field}", "comment"),)
+    # the same in the default field, admin_comment (an old record resubmitted included)
+    old = submit(rt, script("#HET gpus=1"), admin_comment="x").fields["admin_comment"] if (
+        rt := HookRuntime(render_hook(demo).text)) else ""
+    for value in (text, old):
+        res = submit(rt, script(*request_lines), admin_comment=value)
+        assert res.rc == ACCESS and not res.writes
+        assert res.user_messages == (RESERVED.replace("{field}", "admin_comment"),)
+
+
+def test_a_forged_segment_cannot_open_the_modify_guard(demo: Site) -> None:
+    """Issue 18, finding 3: with record_field = "comment", an unterminated forged segment
+    before the hook's own made check_modify read the forged "set" and allow an update of
+    Partition/Features that it refuses for an honest job."""
+    rt2 = _comment_record_hook(demo)
+    honest = submit(rt2, script("#HET gpus=2 class=train"))
+    assert honest.rc == 0
+    rec = {**honest.fields, "partition": honest.fields["partition"]}
+    for update in ({"partition": "batch"}, {"features": "a100"}):
+        assert rt2.modify(update, rec, uid=1000).rc == ACCESS
+    # A job that already holds a forged marker before the hook's record (submitted before the
+    # marker was refused): nothing the record protects may change, by anyone but the exempt.
+    forged = {**rec, "comment": 'hetslurm:{"set":"x" ' + rec["comment"]}
+    for update in ({"partition": "batch"}, {"features": "a100"}, {"time_limit": 5}):
+        res = rt2.modify(update, forged, uid=1000)
+        assert res.rc == ACCESS, update
+    # An update may not add a marker, before, after or instead of the record.
+    seg = rec["comment"]
+    for new in ('hetslurm:{"set":"x" ' + seg, seg + ' hetslurm:{"set":"x"}', "hetslurm:{",
+                "plain " + seg + " hetslurm:{"):
+        res = rt2.modify({"comment": new}, rec, uid=1000)
+        assert res.rc == ACCESS, new
+        if seg in new:
+            assert res.user_messages == (RESERVED.replace("{field}", "comment"),)
+    # nor put one into a job that has no record
+    res = rt2.modify({"comment": 'hetslurm:{"set":"x"}'}, {"comment": "x"}, uid=1000)
+    assert res.rc == ACCESS
+    # while keeping the record and changing the rest of the field is fine
+    assert rt2.modify({"comment": "note " + seg}, rec, uid=1000).rc == 0
 
 
 def test_record_is_bounded(demo: Site) -> None:
