@@ -98,10 +98,11 @@ def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
 @format_option
 def bench_hook_cmd(site_file: str | None, calls: int, no_testbed: bool, depths: str, jobs: int,
                    rounds: int, plugin_reference: bool, output_format: str) -> None:
-    """Time the job_submit hook: per call in-process (typical p50/p99, adversarial worst) and
-    slurmctld's mean submit time from sdiag with and without it at several queue depths (each
-    submission timed on its own, the two jobs alternating), on a fresh testbed in a temporary
-    folder (needs root).
+    """Time the job_submit hook: per call in-process (typical p50/p99, the slowest case of the
+    hostile corpus) and slurmctld's mean submit time from sdiag with and without it at several
+    queue depths (each submission timed on its own, the two jobs alternating), plus the
+    corpus's worst script with the hook enforcing and switched off, on a fresh testbed in a
+    temporary folder (needs root).
     """
     from hetslurm.hook.bench import bench_hook
     from hetslurm.testbed.cluster import default_site
@@ -114,12 +115,17 @@ def bench_hook_cmd(site_file: str | None, calls: int, no_testbed: bool, depths: 
                      depths=depth_list, jobs_per_round=jobs, rounds=rounds,
                      log=lambda m: click.echo(m, err=True), plugin_reference=plugin_reference)
     rows = [{"metric": k, "value": v} for k, v in res.items()
-            if k not in ("depths", "adversarial_ms", "plugin_reference")]
+            if k not in ("depths", "adversarial_ms", "plugin_reference", "worst_case")]
     rows += [{"metric": f"depth {d['pending']}", "value":
               f"with {d['with_hook_us']} us, without {d['without_hook_us']} us, "
               f"ratio {d['ratio']}"
               + (f"; hook's Lua {d['with_hook_lua_us']} / {d['without_hook_lua_us']} us per call"
                  if "with_hook_lua_us" in d else "")} for d in res["depths"]]
+    worst = res.get("worst_case")
+    if worst:
+        rows.append({"metric": f"worst case in slurmctld ({worst['case']})", "value":
+                     f"with the hook {worst['with_hook_us']} us, switched off "
+                     f"{worst['hook_off_us']} us: {worst['extra_ms']} ms more"})
     ref = res.get("plugin_reference")
     if ref:
         rows.append({"metric": "no job_submit plugin (depth 0)", "value":
