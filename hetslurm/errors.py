@@ -9,6 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: Exit status of a command that printed its report but could not do all of it: an input it
+#: reads (accounting, the metric store) or one of its phases failed, and the report and
+#: stderr say which (docs/cli.md). Not an error class: nothing is raised, the output stands.
+PARTIAL_EXIT = 9
+
 
 class HetslurmError(Exception):
     """Base of every error hetslurm raises deliberately."""

@@ -12,6 +12,8 @@ from datetime import datetime
 
 import click
 
+from hetslurm.errors import PARTIAL_EXIT
+
 FORMATS = ("table", "csv", "json", "parquet", "html")
 _REL_RE = re.compile(r"^now(?:-(\d+(?:\.\d+)?)([smhd]))?$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -128,6 +130,8 @@ def audit_cmd(site_file: str | None, since: str, until: str, store: str | None,
     if result.partial and output_format != "table":
         click.echo("hetslurm audit: partial result: " + "; ".join(result.meta["problems"]),
                    err=True)
+    if result.partial:
+        sys.exit(PARTIAL_EXIT)
 
 
 def _progress_bar() -> Callable[[int, int], None] | None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING
 
 import click
 
 from hetslurm.cli.output import emit, format_option
+from hetslurm.errors import PARTIAL_EXIT
 from hetslurm.slurm import BACKENDS
 
 if TYPE_CHECKING:
@@ -127,6 +129,10 @@ def _run(path: str, lock: RunLock | None, apply_: bool, store: str | None, actio
                    f"{item['why']}", err=True)
     title = "rebalance (applied)" if result.applied else "rebalance (dry run)"
     emit(result.rows(), output_format, title=title, document=result.to_dict())
+    if result.problems:
+        # Some phase could not run (accounting down, no store, a refused file): what did run
+        # is in the report; cron sees a status of its own (docs/cli.md).
+        sys.exit(PARTIAL_EXIT)
 
 
 def register(cli: click.Group) -> None:

@@ -483,6 +483,24 @@ class Testbed:
             self.save_state(st)
         self._start_ctld(st)
 
+    def stop_dbd(self) -> None:
+        """Stop slurmdbd alone (fault tests: accounting down while the rest runs)."""
+        st = self.load_state()
+        if st is None:
+            raise TestbedError(f"no testbed in {self.root}")
+        p = st.proc("slurmdbd")
+        if p is not None:
+            procs.stop(p, timeout=30)
+            st.procs.pop("slurmdbd", None)
+            self.save_state(st)
+
+    def start_dbd(self) -> None:
+        """Start slurmdbd again after stop_dbd and wait until it answers."""
+        st = self.load_state()
+        if st is None:
+            raise TestbedError(f"no testbed in {self.root}")
+        self._start_dbd(st)
+
     # ---- down --------------------------------------------------------------------------
     def down(self) -> dict[str, Any]:
         """Cancel every job, stop exactly the daemons we started, leave nothing running."""

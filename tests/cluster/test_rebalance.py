@@ -269,8 +269,10 @@ def test_second_concurrent_run_exits_at_once(slurm_env: dict[str, str], testbed:
     for name in ("gres.conf", "topology.conf"):
         (conf / name).write_text((testbed.etc / name).read_text())
     os.mkfifo(conf / "slurm.conf")
+    store = tmp_path / "store"  # an empty store: no job is judged, none is a problem
+    store.mkdir()
     argv = [sys.executable, "-m", "hetslurm", "rebalance", "--site", str(site), "--apply",
-            "--conf-dir", str(conf), "--format", "json"]
+            "--conf-dir", str(conf), "--format", "json", "--store", str(store)]
     first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env=slurm_env, cwd=ROOT)
     lock = tmp_path / "rebalance.lock"
