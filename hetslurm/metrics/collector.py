@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 HOLDING_STATES = frozenset({"RUNNING", "COMPLETING", "SUSPENDED", "STOPPED"})
 #: Wall and monotonic clocks may drift apart this much per tick before a jump is flagged.
 CLOCK_SLACK_S = 2.0
+#: Samples a node's buffer keeps while its segments cannot be written (a day of a 8-GPU node
+#: at 30 s is 23,040): past that the oldest go, counted.
+MAX_BUFFERED_ROWS = 100_000
 
 
 @dataclass
@@ -103,6 +106,7 @@ class Collector:
         self.buffer: dict[str, list[dict[str, Any]]] = {}
         self.drained: set[str] = set()
         self.written: list[Path] = []
+        self.dropped = 0  # samples dropped from a buffer past MAX_BUFFERED_ROWS
         self.ticks = 0
         self._last: tuple[float, float] | None = None
         self._last_flush = monotonic()
@@ -209,19 +213,43 @@ class Collector:
                 log.error("could not drain %s: %s", node, exc)
 
     # ------------------------------------------------------------------ loop
-    def flush(self) -> list[Path]:
-        """Write buffered samples, one segment per node."""
+    def flush(self, *, final: bool = False) -> list[Path]:
+        """Write buffered samples, one segment per node.
+
+        A segment that cannot be written (the store's disk full, an I/O error) keeps its
+        samples in the buffer for the next flush, up to ``MAX_BUFFERED_ROWS`` per node (the
+        oldest are dropped past that, counted in ``self.dropped``), with one warning per
+        failure. ``final``: the last flush of a run, which raises MetricsError naming what
+        could not be written instead of keeping it.
+        """
         out: list[Path] = []
         if self.store is None:
             return out
+        failed: list[str] = []
         for node, rows in list(self.buffer.items()):
             if rows:
-                p = self.store.write(node, rows)
+                try:
+                    p = self.store.write(node, rows)
+                except OSError as exc:
+                    failed.append(f"{node}: {len(rows)} sample(s): {exc.strerror or exc}")
+                    over = len(rows) - MAX_BUFFERED_ROWS
+                    if over > 0:
+                        del rows[:over]
+                        self.dropped += over
+                    log.warning("metrics store %s: cannot write %s's segment (%s); %d "
+                                "sample(s) kept in memory for the next flush", self.store.root,
+                                node, exc.strerror or exc, len(rows))
+                    continue
                 if p:
                     out.append(p)
             self.buffer[node] = []
         self._last_flush = self.monotonic()
         self.written.extend(out)
+        if final and (failed or self.dropped):
+            raise MetricsError(
+                f"metrics store {self.store.root}: samples not written: {'; '.join(failed)}"
+                + (f"; {self.dropped} older sample(s) dropped while it failed"
+                   if self.dropped else ""))
         return out
 
     def stop(self, *_: Any) -> None:
@@ -256,8 +284,10 @@ class Collector:
                 if delay > 0:
                     time.sleep(delay)
         finally:
-            self.flush()
-            self.source.close()
+            try:
+                self.flush(final=True)
+            finally:
+                self.source.close()
         return done
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:

@@ -1,17 +1,23 @@
-"""Faults on the testbed (issue 18): accounting down while the audit and rebalance run.
-Each: nothing acted on, one clear line, the exit code of docs/cli.md."""
+"""Faults on the testbed (issue 18): accounting down while the audit and rebalance run, the
+metric store's disk full under the collector. Each: nothing lost, nothing acted on, a clear
+message, the exit code of docs/cli.md."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from hetslurm.errors import PARTIAL_EXIT
+from hetslurm.metrics.fake_nvml import scenario_for_devices
+from hetslurm.metrics.gres import device_minor, load_gres_conf
+from hetslurm.metrics.store import SegmentStore
+from hetslurm.slurm.run import run_command
 from hetslurm.testbed import Testbed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,3 +72,40 @@ def test_rebalance_with_slurmdbd_down(slurm_env: dict[str, str], tmp_path: Path,
                      "json", "--store", str(tmp_path / "store"), "--log", str(log),
                      "--lock", str(tmp_path / "rebalance.lock"), "--testbed", str(testbed.root))
     assert again.returncode == PARTIAL_EXIT and "another run holds" not in again.stderr
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 96 KiB tmpfs: the metric store's disk, full after a few segments."""
+    mnt = tmp_path / "store"
+    mnt.mkdir(mode=0o755)
+    run_command(["mount", "-t", "tmpfs", "-o", "size=96k,mode=0755", "tmpfs", str(mnt)],
+                timeout=30)
+    try:
+        yield mnt
+    finally:
+        run_command(["umount", str(mnt)], timeout=30, check=False)
+
+
+def test_collector_with_the_store_disk_full(slurm_env: dict[str, str], testbed: Testbed,
+                                            tmp_path: Path, small_disk: Path) -> None:
+    """The store's disk fills while the collector runs: it keeps sampling (each failed
+    segment's samples kept for the next flush), ends with one line naming what it could not
+    write and exit 1 (MetricsError), and what it wrote before is intact and readable."""
+    gres = load_gres_conf(testbed.etc / "gres.conf")
+    devices = {n: [(int(m), d.model or "") for d in devs
+                   if (m := device_minor(d.path)) is not None] for n, devs in gres.items()}
+    scen = tmp_path / "scenario.json"
+    scenario_for_devices(devices, seed=5, start=time.time()).save(scen)
+    res = hetslurm(slurm_env, "collect", "--all-nodes", "--nvml", "fake", "--fake-scenario",
+                   str(scen), "--store", str(small_disk), "--gres-conf",
+                   str(testbed.etc / "gres.conf"), "--interval", "0.2", "--flush", "0.2",
+                   "--ticks", "60", timeout=120)
+    assert res.returncode == 1, (res.returncode, res.stderr[-2000:])
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("hetslurm: error: ")]
+    assert len(errors) == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert "samples not written" in errors[0] and "No space left on device" in errors[0]
+    assert "kept in memory for the next flush" in res.stderr
+    frame, report = SegmentStore(small_disk).read()
+    assert len(frame) > 0 and not report.partial
+    assert not list(small_disk.rglob(".tmp-*"))

@@ -167,3 +167,44 @@ def test_scenario_file_is_reread_when_it_changes(tmp_path: Path) -> None:
 
     os.utime(path, ns=(1, 1))  # a different mtime even within one clock tick
     assert sorted(r.utilization_pct or 0 for r in nv.read("gpu2")) == [0.0, 40.0]
+
+
+def test_a_store_that_cannot_be_written_keeps_the_samples(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 18: the store's disk full. A failed segment keeps its samples for the next flush
+    (nothing lost), and the run's last flush says what could not be written."""
+    import errno
+
+    from hetslurm.errors import MetricsError
+    from hetslurm.metrics import store as store_mod
+
+    gres = parse_gres_conf(GRES)
+    store = SegmentStore(tmp_path)
+    coll = Collector(["gpu1"], FakeNvml(_scenario()), FakeSlurm(), gres, store,
+                     minor_of=minor_of, interval_s=1.0, flush_s=1.0)
+    real = store_mod._write_atomic
+    full = {"on": True}
+
+    def write(table: object, target: Path) -> None:
+        if full["on"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(table, target)
+
+    monkeypatch.setattr(store_mod, "_write_atomic", write)
+    coll.tick()
+    assert coll.flush() == []
+    assert len(coll.buffer["gpu1"]) == 8  # kept
+    coll.tick()
+    coll.flush()
+    assert len(coll.buffer["gpu1"]) == 16
+    full["on"] = False  # space again: everything buffered is written
+    coll.tick()
+    assert len(coll.flush()) == 1
+    frame, _ = store.read()
+    assert len(frame) == 24 and not coll.buffer["gpu1"]
+    # Full at the end of a run: an error that names the node and the count.
+    full["on"] = True
+    coll.tick()
+    with pytest.raises(MetricsError, match=r"gpu1: 8 sample\(s\): No space left on device"):
+        coll.flush(final=True)
+    assert not list(tmp_path.rglob(".tmp-*"))
