@@ -483,23 +483,32 @@ class Testbed:
             self.save_state(st)
         self._start_ctld(st)
 
-    def stop_dbd(self) -> None:
-        """Stop slurmdbd alone (fault tests: accounting down while the rest runs)."""
+    def stop_daemon(self, name: str) -> None:
+        """Stop one of the controller-side daemons alone, ``slurmctld`` or ``slurmdbd`` (fault
+        tests: the controller or accounting down while the rest runs); start_daemon brings it
+        back."""
+        if name not in ("slurmctld", "slurmdbd"):
+            raise TestbedError(f"stop_daemon: {name!r} is not slurmctld or slurmdbd")
         st = self.load_state()
         if st is None:
             raise TestbedError(f"no testbed in {self.root}")
-        p = st.proc("slurmdbd")
+        p = st.proc(name)
         if p is not None:
             procs.stop(p, timeout=30)
-            st.procs.pop("slurmdbd", None)
+            st.procs.pop(name, None)
             self.save_state(st)
 
-    def start_dbd(self) -> None:
-        """Start slurmdbd again after stop_dbd and wait until it answers."""
+    def start_daemon(self, name: str) -> None:
+        """Start ``slurmctld`` or ``slurmdbd`` again after stop_daemon; waits until it answers."""
         st = self.load_state()
         if st is None:
             raise TestbedError(f"no testbed in {self.root}")
-        self._start_dbd(st)
+        if name == "slurmdbd":
+            self._start_dbd(st)
+        elif name == "slurmctld":
+            self._start_ctld(st)
+        else:
+            raise TestbedError(f"start_daemon: {name!r} is not slurmctld or slurmdbd")
 
     # ---- down --------------------------------------------------------------------------
     def down(self) -> dict[str, Any]:

@@ -26,11 +26,11 @@ DEMO = ROOT / "site-configs" / "demo.toml"
 
 @pytest.fixture
 def dbd_down(testbed: Testbed) -> Iterator[None]:
-    testbed.stop_dbd()
+    testbed.stop_daemon("slurmdbd")
     try:
         yield
     finally:
-        testbed.start_dbd()
+        testbed.start_daemon("slurmdbd")
 
 
 def hetslurm(env: dict[str, str], *args: str, timeout: float = 300

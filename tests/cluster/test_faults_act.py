@@ -1,0 +1,136 @@
+"""Faults while requeue-stalled acts on the real testbed (issue 18): slurmctld down at the
+moment of the requeue, and the job's node lost (marked DOWN through the access layer,
+``update_node``) between the decision and the action. Each: the job is acted on at most once,
+the action log says what happened, nothing raises out of ``execute``."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from _cluster_helpers import Jobs
+from test_act_requeue import AHEAD_S, WINDOW_S, samples_for, wait_running
+
+from hetslurm.act.log import ActionLog
+from hetslurm.act.output_mode import SlurmOutputProbe
+from hetslurm.act.run import context_for
+from hetslurm.act.stall import Context, execute, plan
+from hetslurm.errors import HetslurmError
+from hetslurm.site import Site
+from hetslurm.site.schema import Stall, Usage
+from hetslurm.slurm.backend import NodeStateChange
+from hetslurm.slurm.cli_backend import CliBackend
+from hetslurm.testbed import Testbed
+
+
+def _ctx(site: Site, tmp_path: Path) -> Context:
+    return dataclasses.replace(context_for(site), usage=Usage(), stall=Stall(
+        window_s=WINDOW_S, grace_after_start_s=0, warning_grace_s=0, verify_timeout_s=20,
+        action_log=str(tmp_path / "actions.jsonl"), lock_file=str(tmp_path / "lock")))
+
+
+def _warned(jobs: Jobs, backend: CliBackend, ctx: Context, log: ActionLog, node: str
+            ) -> tuple[str, int, float]:
+    """An idle --requeue job on ``node``, warned once: the next run requeues it."""
+    job = jobs.sbatch("-p", "gpu", "--gres=gpu:1", "-w", node, "-o", "/dev/null",
+                      "--requeue", script="sleep 300")
+    wait_running(jobs, job)
+    jid = next(j.job_id for j in backend.jobs() if j.display_id == job)
+    t1 = time.time() + AHEAD_S
+    probe = SlurmOutputProbe(jobs.env)
+    decided = plan(backend, samples_for({jid: 0.0}, t1), ctx, now=t1, log=log,
+                   output_probe=probe)
+    first = execute(backend, decided, ctx, log, now=t1, output_probe=probe)
+    assert [o.result for o in first if o.job == job] == ["warned"]
+    return job, jid, t1
+
+
+class _ControllerGoesDown(CliBackend):
+    """The access layer, with slurmctld stopped just before the first requeue reaches it."""
+
+    def __init__(self, env: dict[str, str], testbed: Testbed) -> None:
+        super().__init__(env)
+        self.testbed = testbed
+        self.stopped = False
+
+    def requeue(self, job_id: Any, *, incomplete: bool = True) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.testbed.stop_daemon("slurmctld")
+        super().requeue(job_id, incomplete=incomplete)
+
+
+def test_controller_down_at_the_requeue(jobs: Jobs, slurm_env: dict[str, str],
+                                        testbed: Testbed, demo_site: Site,
+                                        tmp_path: Path) -> None:
+    ctx = _ctx(demo_site, tmp_path)
+    log = ActionLog(ctx.stall.action_log)
+    backend = CliBackend(slurm_env)
+    job, jid, t1 = _warned(jobs, backend, ctx, log, "gpu3")
+    t2 = t1 + 1
+    decided = plan(backend, samples_for({jid: 0.0}, t2), ctx, now=t2, log=log,
+                     output_probe=SlurmOutputProbe(slurm_env))
+    flaky = _ControllerGoesDown(slurm_env, testbed)
+    try:
+        out = {o.job: o for o in execute(flaky, decided, ctx, log, now=t2,
+                output_probe=SlurmOutputProbe(slurm_env))}
+    finally:
+        testbed.start_daemon("slurmctld")
+    assert flaky.stopped
+    assert out[job].result == "failed", out[job]
+    failed = [e for e in log.entries("action") if e["job"] == job]
+    assert failed and failed[-1]["result"] == "failed" and failed[-1].get("detail"), failed
+    # The controller is back with the job as it was: running, never requeued.
+    assert jobs.field(job, "JobState") == "RUNNING"
+    assert jobs.field(job, "Restarts") == "0"
+    # The next tick acts, once; the one after finds nothing to do.
+    t3 = t2 + 1
+    again = plan(backend, samples_for({jid: 0.0}, t3), ctx, now=t3, log=log,
+                 output_probe=SlurmOutputProbe(slurm_env))
+    done = {o.job: o.result for o in execute(backend, again, ctx, log, now=t3,
+                output_probe=SlurmOutputProbe(slurm_env))}
+    assert done[job] == "done"
+    assert jobs.field(job, "Restarts") == "1"
+    t4 = t3 + 1
+    later = plan(backend, samples_for({jid: 0.0}, t4), ctx, now=t4, log=log,
+                 output_probe=SlurmOutputProbe(slurm_env))
+    assert all(d.action in ("none",) for d in later if d.job == job), later
+    execute(backend, later, ctx, log, now=t4,
+                output_probe=SlurmOutputProbe(slurm_env))
+    assert jobs.field(job, "Restarts") == "1"
+
+
+def test_node_lost_between_decision_and_requeue(jobs: Jobs, slurm_env: dict[str, str],
+                                                demo_site: Site, tmp_path: Path) -> None:
+    ctx = _ctx(demo_site, tmp_path)
+    log = ActionLog(ctx.stall.action_log)
+    backend = CliBackend(slurm_env)
+    node = "gpu4"
+    job, jid, t1 = _warned(jobs, backend, ctx, log, node)
+    t2 = t1 + 1
+    decided = plan(backend, samples_for({jid: 0.0}, t2), ctx, now=t2, log=log,
+                     output_probe=SlurmOutputProbe(slurm_env))
+    assert [d.action for d in decided if d.job == job] == ["requeue"]
+    backend.update_node(node, NodeStateChange.DOWN, reason="hetslurm fault test")
+    try:
+        # Slurm requeues (or ends) the job itself when its node goes down; hetslurm's own
+        # requeue must then not act a second time.
+        jobs.wait_state(job, {"PENDING", "REQUEUED", "NODE_FAIL", "CANCELLED", "COMPLETING",
+                              "COMPLETED", "FAILED"}, timeout=60)
+        restarts_before = int(jobs.field(job, "Restarts"))
+        out = {o.job: o for o in execute(backend, decided, ctx, log, now=t2,
+                output_probe=SlurmOutputProbe(slurm_env))}
+        assert out[job].result in ("skipped", "failed"), out[job]
+        assert out[job].detail
+        assert int(jobs.field(job, "Restarts")) == restarts_before
+    finally:
+        # The testbed's ReturnToService may have brought the node back already (RESUME is
+        # then refused); either way the node must be usable again for the tests after this.
+        with contextlib.suppress(HetslurmError):
+            backend.update_node(node, NodeStateChange.RESUME)
+        deadline = time.monotonic() + 60
+        while "DOWN" in backend.node(node).state and time.monotonic() < deadline:
+            time.sleep(1)
