@@ -10,19 +10,30 @@ Facts this rests on (Slurm 22.05, measured on the testbed; docs/hook.md):
   the error and keeps the previous one. So nothing is written until the rendered text has
   loaded in Lua 5.1 (lupa's ``lua51``, the version the plugin links) and passed a smoke
   submission through the strict stand-in; the write is atomic (temporary file, fsync, rename).
+
+The installed file runs inside slurmctld, so its permissions are checked
+(:mod:`hetslurm.fsguard`). ``install`` never calls a file "unchanged" that someone else could
+have written: an identical file that is group- or world-writable is replaced by a fresh
+0644 file (a new inode, so a writer that kept the old one open is cut off) and the result
+says what was replaced; a file owned by another user, a symlink, or a configuration folder
+that others can write is refused with :class:`~hetslurm.errors.PermissionsError`. ``check``
+reports the file's mode and owner, and ``disable`` refuses to rewrite an unsafe file (its
+text may not be ours).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hetslurm.errors import ConfigError
+from hetslurm import fsguard
+from hetslurm.errors import ConfigError, PermissionsError
 from hetslurm.hook import render as render_mod
 from hetslurm.hook.standin import HookLoadError, HookRuntime
 from hetslurm.site.model import Site
@@ -74,6 +85,9 @@ class InstallResult:
     mtime: int
     previous_build: str | None
     previous_mtime: int | None
+    #: Why the file this install replaced was unsafe (e.g. ``writable by others (mode
+    #: 0666)``); None when it was safe or absent.
+    replaced_unsafe: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,6 +103,8 @@ def install_text(text: str, conf_dir: str | Path, *, now: float | None = None) -
     folder = Path(conf_dir)
     if not folder.is_dir():
         raise ConfigError(f"{folder} is not a folder (give the folder that holds slurm.conf)")
+    # Whoever can write the folder can swap the hook after it is written.
+    fsguard.check_dir(folder, "Slurm configuration folder", follow=True)
     check = validate_text(text)
     if not check.ok:
         raise ConfigError(f"the rendered job_submit.lua {check.error}; nothing was installed, "
@@ -96,12 +112,20 @@ def install_text(text: str, conf_dir: str | Path, *, now: float | None = None) -
     head = check.header or {}
     target = folder / HOOK_FILE
     previous_build = previous_mtime = None
-    if target.exists():
-        old = target.read_text(errors="replace")
-        previous_mtime = int(target.stat().st_mtime)
+    unsafe = None
+    installed = _installed(target)
+    if installed is not None:
+        st, unsafe = installed
+        if unsafe is not None and not unsafe.startswith("writable"):
+            # Not ours (another owner) or not a plain file: replacing it silently would
+            # hide whatever put it there.
+            raise PermissionsError(f"refusing installed hook {target}: {unsafe}; "
+                                   f"{_remedy(target, unsafe)}")
+        old = _read_installed(target)
+        previous_mtime = int(st.st_mtime)
         prev_head = render_mod.header(old)
         previous_build = prev_head["build"] if prev_head else None
-        if old == text:
+        if old == text and unsafe is None:
             return InstallResult(str(target), False, head.get("build", "?"),
                                  head.get("rules", "?"), head.get("mode", "?"),
                                  previous_mtime, previous_build, previous_mtime)
@@ -125,7 +149,36 @@ def install_text(text: str, conf_dir: str | Path, *, now: float | None = None) -
     finally:
         os.close(dir_fd)
     return InstallResult(str(target), True, head.get("build", "?"), head.get("rules", "?"),
-                         head.get("mode", "?"), mtime, previous_build, previous_mtime)
+                         head.get("mode", "?"), mtime, previous_build, previous_mtime,
+                         unsafe)
+
+
+def _installed(target: Path) -> tuple[os.stat_result, str | None] | None:
+    """The installed file's ``lstat`` and why it cannot be trusted (None: it can), or None
+    when there is no file."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return st, "it is a symlink"
+    if not stat.S_ISREG(st.st_mode):
+        return st, "it is not a regular file"
+    return st, fsguard.problem(st)
+
+
+def _remedy(target: Path, why: str) -> str:
+    if why.startswith("owned"):
+        return f"check who wrote it, then remove it or chown root {target}"
+    if why.startswith("writable"):
+        return "its text may not be ours: run hetslurm hook install to replace it"
+    return "check what it is, then remove it"
+
+
+def _read_installed(target: Path) -> str:
+    fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as fh:
+        return fh.read()
 
 
 def install_hook(
@@ -146,9 +199,14 @@ def install_hook(
 def set_installed_mode(conf_dir: str | Path, mode: str) -> InstallResult:
     """The kill switch: rewrite the installed hook's mode (``off`` stops every rewrite)."""
     target = Path(conf_dir) / HOOK_FILE
-    if not target.exists():
+    installed = _installed(target)
+    if installed is None:
         raise ConfigError(f"{target} does not exist; nothing to switch")
-    return install_text(render_mod.set_mode(target.read_text(), mode), conf_dir)
+    unsafe = installed[1]
+    if unsafe is not None:
+        raise PermissionsError(f"refusing installed hook {target}: {unsafe}; "
+                               f"{_remedy(target, unsafe)}")
+    return install_text(render_mod.set_mode(_read_installed(target), mode), conf_dir)
 
 
 _LOAD_FAILED = re.compile(r"job_submit/lua.*(error|using previous script)|"
@@ -163,11 +221,15 @@ def check_hook(conf_dir: str | Path, log_file: str | Path | None = None) -> dict
     reloads lazily, at the next submission after the file changed.
     """
     target = Path(conf_dir) / HOOK_FILE
-    out: dict[str, Any] = {"path": str(target), "installed": target.exists()}
-    if not target.exists():
-        out.update(installed_build=None, loads=None, running_build=None, in_sync=False)
+    installed = _installed(target)
+    out: dict[str, Any] = {"path": str(target), "installed": installed is not None}
+    if installed is None:
+        out.update(installed_build=None, loads=None, running_build=None, in_sync=False,
+                   file_mode=None, owner_uid=None, permissions=None)
         return out
-    text = target.read_text(errors="replace")
+    st, unsafe = installed
+    # A symlink is reported, not followed: what it points at is not what was installed.
+    text = _read_installed(target) if stat.S_ISREG(st.st_mode) else ""
     head = render_mod.header(text) or {}
     check = validate_text(text)
     out.update(
@@ -175,7 +237,10 @@ def check_hook(conf_dir: str | Path, log_file: str | Path | None = None) -> dict
         installed_rules=head.get("rules"),
         installed_mode=head.get("mode"),
         site=head.get("site"),
-        mtime=int(target.stat().st_mtime),
+        mtime=int(st.st_mtime),
+        file_mode=fsguard.mode_text(st),
+        owner_uid=st.st_uid,
+        permissions="ok" if unsafe is None else f"unsafe: {unsafe}",
         loads=check.ok,
         load_error=check.error,
     )
