@@ -10,6 +10,13 @@ Facts this rests on (Slurm 22.05, measured on the testbed; docs/hook.md):
   the error and keeps the previous one. So nothing is written until the rendered text has
   loaded in Lua 5.1 (lupa's ``lua51``, the version the plugin links) and passed a smoke
   submission through the strict stand-in; the write is atomic (temporary file, fsync, rename).
+* a hook that loads can still decide wrongly: a broken rules table makes every ``class=`` job
+  fail open (pass unchanged) while plain jobs work. So, given the site, every class of the
+  site (``class=NAME``, and ``gpus=1``/``fpga=1`` with it where the class has such devices),
+  every GPU model (``gpu-type=``) and every FPGA model (``fpga=``) is submitted through the
+  rendered text, in ``enforce`` mode whatever mode it is installed in, and each must come
+  back rewritten as the *site* (not the rendered table) says: the class's partition, QOS and
+  device models, the model's typed gres.
 
 The installed file runs inside slurmctld, so its permissions are checked
 (:mod:`hetslurm.fsguard`). ``install`` never calls a file "unchanged" that someone else could
@@ -35,7 +42,8 @@ from typing import Any
 from hetslurm import fsguard
 from hetslurm.errors import ConfigError, PermissionsError
 from hetslurm.hook import render as render_mod
-from hetslurm.hook.standin import HookLoadError, HookRuntime
+from hetslurm.hook.standin import CallResult, HookLoadError, HookRuntime
+from hetslurm.site.hook_rules import CPU_FEATURE, FPGA_GRES, GPU_GRES
 from hetslurm.site.model import Site
 
 HOOK_FILE = "job_submit.lua"
@@ -57,22 +65,113 @@ class ValidationResult:
     header: dict[str, str] | None
 
 
-def validate_text(text: str) -> ValidationResult:
-    """Load ``text`` as slurmctld would (Lua 5.1) and run the smoke jobs through it."""
+@dataclass(frozen=True)
+class SiteSmokeJob:
+    """One ``#HET`` line and what the site says the hook must write for it."""
+
+    directive: str
+    #: Fields that must be written with exactly these values (None: must not be written).
+    fields: dict[str, str | None]
+    #: The device models the job may land on, in order, and their gres name (features
+    #: text or typed gres); None: not checked.
+    models: tuple[str, tuple[str, ...]] | None = None
+
+
+def site_smoke_jobs(site: Site) -> list[SiteSmokeJob]:
+    """A smoke job for every class, GPU model and FPGA model of ``site``, with the rewrite
+    the site (not a rendered table) asks for."""
+    gpus, fpgas = list(site.gpu_models()), list(site.fpga_models())
+    out: list[SiteSmokeJob] = []
+    classes = site.sections.get("classes") or {}
+    for name in sorted(classes):
+        wc = classes[name]
+        common: dict[str, str | None] = {"partition": wc.partition, "qos": wc.qos}
+        if CPU_FEATURE in wc.devices:
+            # A class with CPU nodes runs CPU work only (the hook refuses devices for it).
+            out.append(SiteSmokeJob(f"class={name}", {**common, "features": CPU_FEATURE}))
+            continue
+        out.append(SiteSmokeJob(f"class={name}", common))
+        class_gpus = tuple(d for d in wc.devices if d in gpus)
+        class_fpgas = tuple(d for d in wc.devices if d in fpgas)
+        if class_gpus:
+            out.append(SiteSmokeJob(f"gpus=1 class={name}", common, (GPU_GRES, class_gpus)))
+        if class_fpgas:
+            out.append(SiteSmokeJob(f"fpga=1 class={name}", common, (FPGA_GRES, class_fpgas)))
+    out += [SiteSmokeJob(f"gpus=1 gpu-type={m}", {"tres_per_node": f"gres:{GPU_GRES}:{m}:1"})
+            for m in gpus]
+    out += [SiteSmokeJob(f"fpga={m}", {"tres_per_node": f"gres:{FPGA_GRES}:{m}:1"})
+            for m in fpgas]
+    return out
+
+
+def _smoke_problem(job: SiteSmokeJob, res: CallResult) -> str | None:
+    """What is wrong with the hook's answer to ``job`` (None: it is what the site says)."""
+    if not res.ok:
+        return f"raised: {res.error}"
+    errors = [m for level, m in res.log if level == "error"]
+    if errors:
+        return f"logged an internal error: {errors[0]}"
+    if res.rc != 0:
+        return f"rejected it (rc {res.rc}): {'; '.join(res.user_messages)}"
+    got = res.fields
+    expects_a_write = job.models is not None or any(v is not None for v in job.fields.values())
+    if expects_a_write and not got:
+        return "passed it unchanged (fail-open)"
+    for key, want in job.fields.items():
+        if got.get(key) != want:
+            return f"wrote {key}={got.get(key)!r}, the site says {want!r}"
+    if job.models is not None:
+        gres, want_models = job.models
+        offered = _offered_models(got, gres)
+        if gres == GPU_GRES and offered != want_models:
+            return f"offers {gres} models {list(offered)}, the site says {list(want_models)}"
+        if gres == FPGA_GRES and (not offered or not set(offered) <= set(want_models)):
+            return f"offers {gres} models {list(offered)}, the site allows {list(want_models)}"
+    return None
+
+
+def _offered_models(fields: dict[str, Any], gres: str) -> tuple[str, ...]:
+    """The models a rewritten job may land on: a typed gres's model, else its features."""
+    typed = re.findall(rf"gres:{gres}:([^:,]+):\d+", str(fields.get("tres_per_node") or ""))
+    if typed:
+        return tuple(typed)
+    features = fields.get("features")
+    return tuple(str(features).split("|")) if features else ()
+
+
+def validate_text(text: str, site: Site | None = None, *,
+                  decisions_text: str | None = None) -> ValidationResult:
+    """Load ``text`` as slurmctld would (Lua 5.1) and run the smoke jobs through it; with
+    ``site``, also :func:`site_smoke_jobs`, through ``decisions_text`` when given (the same
+    hook without the site's chained scripts, which may rewrite the same fields) or ``text``,
+    switched to ``enforce``."""
+    head = render_mod.header(text)
     try:
         rt = HookRuntime(text)
     except HookLoadError as e:
-        return ValidationResult(False, f"does not load in Lua 5.1: {e}", render_mod.header(text))
+        return ValidationResult(False, f"does not load in Lua 5.1: {e}", head)
     for job in SMOKE_JOBS:
         res = rt.submit(job)
         if not res.ok:
-            return ValidationResult(False, f"raised on a smoke job {job}: {res.error}",
-                                    render_mod.header(text))
+            return ValidationResult(False, f"raised on a smoke job {job}: {res.error}", head)
         errors = [m for level, m in res.log if level == "error"]
         if errors:
             return ValidationResult(False, f"logged an internal error on a smoke job: "
-                                    f"{errors[0]}", render_mod.header(text))
-    return ValidationResult(True, None, render_mod.header(text))
+                                    f"{errors[0]}", head)
+    if site is None:
+        return ValidationResult(True, None, head)
+    try:
+        enforcing = HookRuntime(render_mod.set_mode(decisions_text or text, "enforce"))
+    except (HookLoadError, ConfigError) as e:
+        return ValidationResult(False, f"cannot be checked in enforce mode: {e}", head)
+    for sj in site_smoke_jobs(site):
+        res = enforcing.submit({"script": f"#!/bin/sh\n#HET {sj.directive}\ntrue\n",
+                                "user_name": "root"})
+        problem = _smoke_problem(sj, res)
+        if problem:
+            return ValidationResult(False, f"gave a wrong answer to '#HET {sj.directive}': "
+                                    f"{problem}", head)
+    return ValidationResult(True, None, head)
 
 
 @dataclass(frozen=True)
@@ -93,8 +192,11 @@ class InstallResult:
         return asdict(self)
 
 
-def install_text(text: str, conf_dir: str | Path, *, now: float | None = None) -> InstallResult:
-    """Validate ``text`` and write it as ``conf_dir/job_submit.lua`` (atomic, newer mtime).
+def install_text(text: str, conf_dir: str | Path, *, now: float | None = None,
+                 site: Site | None = None, decisions_text: str | None = None
+                 ) -> InstallResult:
+    """Validate ``text`` (with ``site``, its classes and models too: :func:`validate_text`)
+    and write it as ``conf_dir/job_submit.lua`` (atomic, newer mtime).
 
     Raises:
         ConfigError: the text does not load or fails a smoke job (nothing is written), or
@@ -105,7 +207,7 @@ def install_text(text: str, conf_dir: str | Path, *, now: float | None = None) -
         raise ConfigError(f"{folder} is not a folder (give the folder that holds slurm.conf)")
     # Whoever can write the folder can swap the hook after it is written.
     fsguard.check_dir(folder, "Slurm configuration folder", follow=True)
-    check = validate_text(text)
+    check = validate_text(text, site, decisions_text=decisions_text)
     if not check.ok:
         raise ConfigError(f"the rendered job_submit.lua {check.error}; nothing was installed, "
                           "the controller keeps the current one")
@@ -193,7 +295,10 @@ def install_hook(
     """Render the hook for ``site`` and install it (see :func:`install_text`)."""
     rendered = render_mod.render_hook(site, mode=mode, chain_before=chain_before,
                                       chain_after=chain_after)
-    return install_text(rendered.text, conf_dir, now=now)
+    plain = None
+    if chain_before is not None or chain_after is not None:
+        plain = render_mod.render_hook(site, mode=mode).text
+    return install_text(rendered.text, conf_dir, now=now, site=site, decisions_text=plain)
 
 
 def set_installed_mode(conf_dir: str | Path, mode: str) -> InstallResult:

@@ -194,7 +194,7 @@ def test_a_group_writable_node_folder_is_refused(tmp_path: Path) -> None:
     seg = store.write("n1", [ROW])
     assert seg is not None
     seg.parent.parent.chmod(0o775)
-    with pytest.raises(PermissionsError, match="node folder .* writable by its group"):
+    with pytest.raises(PermissionsError, match=r"node folder .* writable by its group"):
         store.read(nodes=["n1"])
 
 
@@ -234,7 +234,7 @@ def test_a_symlinked_action_log_is_refused(tmp_path: Path) -> None:
     link = tmp_path / "actions.jsonl"
     link.symlink_to(real)
     log = ActionLog(link)
-    with pytest.raises(PermissionsError, match="refusing action log .*: it is a symlink"):
+    with pytest.raises(PermissionsError, match=r"refusing action log .*: it is a symlink"):
         list(log.entries())
     with pytest.raises(PermissionsError, match="symlink"):
         log.append("run", {"t": 2.0})
@@ -286,7 +286,7 @@ def test_a_symlinked_lock_is_refused(tmp_path: Path) -> None:
     target = tmp_path / "precious"
     target.write_text("keep")
     (tmp_path / "lock").symlink_to(target)
-    with pytest.raises(PermissionsError, match="refusing lock file .*: it is a symlink"):
+    with pytest.raises(PermissionsError, match=r"refusing lock file .*: it is a symlink"):
         RunLock(tmp_path / "lock").acquire()
     assert target.read_text() == "keep"
 
@@ -294,7 +294,7 @@ def test_a_symlinked_lock_is_refused(tmp_path: Path) -> None:
 def test_a_symlinked_lock_folder_is_refused(tmp_path: Path) -> None:
     (tmp_path / "real").mkdir()
     (tmp_path / "run").symlink_to(tmp_path / "real")
-    with pytest.raises(PermissionsError, match="refusing lock folder .*: it is a symlink"):
+    with pytest.raises(PermissionsError, match=r"refusing lock folder .*: it is a symlink"):
         RunLock(tmp_path / "run" / "act.lock").acquire()
     assert not (tmp_path / "real" / "act.lock").exists()
 
