@@ -28,7 +28,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from hetslurm.errors import PermissionsError
+from hetslurm.errors import ConfigError, PermissionsError
 
 #: Write bits that give someone other than the owner power over a file or folder.
 OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
@@ -145,12 +145,15 @@ def open_checked(path: str | Path, flags: int, what: str,
 
 def read_checked(path: str | Path, what: str, trusted: Iterable[int] | None = None, *,
                  max_bytes: int = 64 << 20) -> bytes:
-    """The bytes of a checked regular file (see :func:`open_checked`), at most
-    ``max_bytes``."""
+    """The bytes of a checked regular file (see :func:`open_checked`).
+
+    Raises:
+        ConfigError: the file is larger than ``max_bytes`` (no configuration file is).
+    """
     fd = open_checked(path, os.O_RDONLY, what, trusted)
     with os.fdopen(fd, "rb") as fh:
         data = fh.read(max_bytes + 1)
     if len(data) > max_bytes:
-        raise _refuse(what, path, f"it is larger than {max_bytes} bytes", "check what it is")
+        raise ConfigError(f"{what} is larger than {max_bytes} bytes", file=str(path))
     return data
 

@@ -379,3 +379,12 @@ def test_a_root_owned_0644_site_file_is_read(tmp_path: Path) -> None:
     link.symlink_to(site)  # an admin's link to the file in use is followed
     assert read_site_as_root(link) == site.read_text()
 
+
+
+@needs_root
+def test_a_site_file_that_is_a_fifo_is_refused_without_hanging(tmp_path: Path) -> None:
+    site = tmp_path / "site.toml"
+    os.mkfifo(site, 0o644)
+    res = CliRunner().invoke(cli, ["rebalance", "--site", str(site)])
+    assert res.exit_code == 8
+    assert "it is not a regular file" in one_line(res.stderr)
