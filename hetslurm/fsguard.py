@@ -1,5 +1,5 @@
 """Permission checks for every file and folder that carries power (docs/cli.md, "Files
-hetslurm refuses").
+that carry power").
 
 A file carries power when what it says is acted on: the installed ``job_submit.lua`` runs
 inside slurmctld, the site file steers what a root ``rebalance`` does, the action log holds
