@@ -112,3 +112,13 @@ class RolloutError(HetslurmError):
     def __init__(self, message: str, *, rolled_back: bool = False) -> None:
         self.rolled_back = rolled_back
         super().__init__(message)
+
+
+class PermissionsError(HetslurmError):
+    """A file or folder that carries power (the installed hook, the site file a root run
+    reads, the action log, the run lock, the metric store's folders) is a symlink, writable
+    by someone other than its owner, or owned by an untrusted user (:mod:`hetslurm.fsguard`).
+    """
+
+    exit_code = 8
+

@@ -1,18 +1,31 @@
 """One run at a time: an advisory ``flock`` on a lock file, taken without waiting.
 
 ``flock`` is released by the kernel when the process dies, so a crashed run never leaves a
-stale lock behind (unlike a pid file). The lock file is opened without following a symlink,
-so a planted link cannot make a root run truncate or create another file.
+stale lock behind (unlike a pid file).
+
+The lock decides whether a root run may act, and taking it writes to the file, so both the
+file and its folder are checked (:mod:`hetslurm.fsguard`): a symlinked, group- or
+other-writable or foreign-owned lock or lock folder is refused with
+:class:`hetslurm.errors.PermissionsError` (otherwise any user could hold the lock forever,
+or point a root run's write at another file). The file is opened without following a
+symlink, and it is emptied only when it holds nothing but a pid: a lock path that names
+some other file (a typo in the site file) leaves that file as it was.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import re
 from pathlib import Path
 from types import TracebackType
 
+from hetslurm import fsguard
 from hetslurm.act import ActError, LockBusy
+from hetslurm.errors import PermissionsError
+
+#: What a lock file may hold: empty, or the pid a run wrote.
+_PID_ONLY = re.compile(rb"\A(\d{1,10}\n?)?\Z")
 
 
 class RunLock:
@@ -24,8 +37,9 @@ class RunLock:
 
     def acquire(self) -> None:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            fsguard.make_dir(self.path.parent, "lock folder")
+            fd = fsguard.open_checked(self.path, os.O_RDWR | os.O_CREAT, "lock file",
+                                      create_mode=0o600)
         except OSError as exc:
             raise ActError(f"cannot open lock file {self.path}: {exc.strerror}") from exc
         try:
@@ -36,6 +50,10 @@ class RunLock:
         except OSError as exc:
             os.close(fd)
             raise ActError(f"cannot lock {self.path}: {exc.strerror}") from exc
+        if not _PID_ONLY.match(os.pread(fd, 16, 0)):
+            os.close(fd)
+            raise PermissionsError(f"refusing lock file {self.path}: it holds something other "
+                                   "than a pid; name a lock file of its own")
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._fd = fd

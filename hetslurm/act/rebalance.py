@@ -192,6 +192,7 @@ def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalanc
     res = RebalanceResult(applied=req.apply, budget_s=budget)
     ctx = context_for(site)
     log = ActionLog(req.action_log or pol.action_log or ctx.stall.action_log)
+    log.check()
 
     def out_of_time(phase: str) -> bool:
         if clock() >= deadline:

@@ -80,6 +80,7 @@ def requeue_stalled(backend: SlurmBackend, req: StallRequest, *, site: Site | No
     now = time.time() if now is None else now
     problems: list[str] = []
     log = ActionLog(req.action_log or ctx.stall.action_log)
+    log.check()
     if samples is None:
         store = req.store
         if store is None and site is not None and site.sections.get("collector") is not None:
@@ -87,9 +88,16 @@ def requeue_stalled(backend: SlurmBackend, req: StallRequest, *, site: Site | No
         samples, problems = read_samples(store, site, now - ctx.window_s, now)
     if not req.apply:
         decisions = plan(backend, samples, ctx, now=now, log=log, output_probe=output_probe)
-        return RunResult(decisions, problems=problems)
+        return RunResult(decisions, problems=problems + _log_problems(log))
     with RunLock(req.lock_file or ctx.stall.lock_file):
         decisions = plan(backend, samples, ctx, now=now, log=log, output_probe=output_probe)
+        problems += _log_problems(log)
         outcomes = execute(backend, decisions, ctx, log, now=now, output_probe=output_probe,
                            env=env)
     return RunResult(decisions, outcomes, applied=True, problems=problems)
+
+
+def _log_problems(log: ActionLog) -> list[str]:
+    """The lines the last read of ``log`` skipped, as one problem (empty: none)."""
+    text = log.skipped_text()
+    return [text] if text else []

@@ -569,12 +569,13 @@ def judge(job: JobInfo, ev: Evidence | None, ctx: Context, now: float,
     return x.rule, x.planned, x.reason, x.on_idle, x.output_mode
 
 
-def _warnings(log: ActionLog | None) -> dict[tuple[int, int], float]:
-    """Latest warning time (the run's clock) per (job id, restarts)."""
+def _warnings(log: ActionLog | None, now: float) -> dict[tuple[int, int], float]:
+    """Latest warning time (the run's clock) per (job id, restarts); the log's reader has
+    skipped warnings dated after ``now``, which would otherwise mask an earlier one."""
     out: dict[tuple[int, int], float] = {}
     if log is None:
         return out
-    for e in log.entries("warning"):
+    for e in log.entries("warning", now=now):
         try:
             k = (int(e["job_id"]), int(e["restarts"]))
             out[k] = max(out.get(k, 0.0), float(e["t"]))
@@ -648,7 +649,7 @@ def plan(backend: SlurmBackend, samples: Any, ctx: Context, *, now: float | None
     listed = list(backend.jobs() if jobs is None else jobs)
     running = [j for j in listed if j.state == "RUNNING" and job_gpus(j)[0] > 0]
     evidence = idle_evidence(running, samples, ctx.usage, window_s=ctx.window_s, now=now)
-    warned = _warnings(log)
+    warned = _warnings(log, now)
     own = {j.job_id: verdict(j, evidence.get(j.job_id), ctx, now, output_probe)
            for j in running}
     het: dict[int, list[JobInfo]] = {}
@@ -766,7 +767,7 @@ def execute(backend: SlurmBackend, decisions: Sequence[Decision], ctx: Context,
     now = time.time() if now is None else now
     st = ctx.stall
     notified: set[tuple[int, int, str]] = set()
-    for e in log.entries("notify"):
+    for e in log.entries("notify", now=now):
         try:
             if e.get("ok"):
                 notified.add((int(e["job_id"]), int(e["restarts"]), str(e["rule"])))

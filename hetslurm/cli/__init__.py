@@ -51,7 +51,8 @@ def cli(ctx: click.Context, verbose: bool) -> None:
 
     Exit codes: 0 ok, 1 other error, 2 bad configuration or usage, 3 compiled core missing,
     4 Slurm backend failure, 5 placement error, 6 testbed failure, 7 rollout failed
-    (site apply/rollback; the message says whether it was rolled back).
+    (site apply/rollback; the message says whether it was rolled back), 8 a file that
+    carries power has unsafe permissions (symlink, writable by others, foreign owner).
     """
     ctx.ensure_object(dict)
     ctx.obj["verbose"] = verbose

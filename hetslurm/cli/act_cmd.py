@@ -52,11 +52,11 @@ def requeue_stalled(site_file: str | None, store: str | None, apply_: bool,
     from hetslurm.act.output_mode import SlurmOutputProbe
     from hetslurm.act.run import StallRequest
     from hetslurm.act.run import requeue_stalled as run
-    from hetslurm.site import load_site
+    from hetslurm.site.load import load_site_as_root
     from hetslurm.slurm import get_backend
 
     path = site_file or os.environ.get("HETSLURM_SITE")
-    site = load_site(path) if path else None
+    site = load_site_as_root(path) if path else None
     env = dict(os.environ)
     req = StallRequest(apply=apply_, store=store, action_log=action_log, lock_file=lock_file)
     try:

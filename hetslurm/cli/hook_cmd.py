@@ -86,8 +86,12 @@ def install_cmd(site_file: str, conf_dir: str | None, mode: str | None,
     res = install_hook(load_site(site_file), _conf_dir(conf_dir), mode=mode,
                        chain_before=_read(chain_before), chain_after=_read(chain_after))
     d = res.to_dict()
-    emit([d], output_format, title="hook installed" if res.changed else "hook unchanged",
-         document=d)
+    title = "hook installed" if res.changed else "hook unchanged"
+    if res.replaced_unsafe:
+        title += f" (replaced an unsafe file: {res.replaced_unsafe})"
+        click.echo(f"hetslurm hook install: replaced {res.path}, which was "
+                   f"{res.replaced_unsafe}", err=True)
+    emit([d], output_format, title=title, document=d)
 
 
 @hook.command("check")
@@ -99,8 +103,11 @@ def check_cmd(conf_dir: str | None, log_file: str | None, output_format: str) ->
     """Report the installed hook (build, rules, mode, whether it loads) and the one the
     controller last loaded, from slurmctld.log.
 
-    Exits 1 when the installed file does not load in Lua 5.1.
+    Exits 1 when the installed file does not load in Lua 5.1, and 8 (after the report)
+    when its permissions are unsafe: a symlink, writable by group or others, or owned by
+    another user.
     """
+    from hetslurm.errors import PermissionsError
     from hetslurm.hook.install import check_hook
 
     folder = _conf_dir(conf_dir)
@@ -108,6 +115,9 @@ def check_cmd(conf_dir: str | None, log_file: str | None, output_format: str) ->
     res = check_hook(folder, log)
     emit([{k: v for k, v in res.items() if k != "load_errors_since"}], output_format,
          title="hook", document=res)
+    if str(res.get("permissions") or "ok") != "ok":
+        raise PermissionsError(f"installed hook {res['path']} is {res['permissions']} "
+                               "(run hetslurm hook install to replace it)")
     if res.get("installed") and not res.get("loads"):
         sys.exit(1)
 

@@ -60,13 +60,17 @@ def rebalance(site_file: str | None, apply_: bool, store: str | None, action_log
     """
     from hetslurm.act import LockBusy
     from hetslurm.act.lock import RunLock
+    from hetslurm.site.load import read_site_as_root
 
     path = site_file or os.environ.get("HETSLURM_SITE")
     if not path:
         raise click.UsageError("name the site file with --site or $HETSLURM_SITE")
+    # Read once, and as root only from a file root alone can write: the lock path below
+    # comes from it, and root truncates the file it names.
+    text = read_site_as_root(path)
     # The lock first, before the site is validated or anything heavy is imported: a second
     # run must exit at once.
-    lock = RunLock(lock_file or _lock_file(path)) if apply_ else None
+    lock = RunLock(lock_file or _lock_file(text)) if apply_ else None
     if lock is not None:
         try:
             lock.acquire()
@@ -74,40 +78,39 @@ def rebalance(site_file: str | None, apply_: bool, store: str | None, action_log
             click.echo(f"hetslurm rebalance: {exc}", err=True)
             return
     try:
-        _run(path, lock, apply_, store, action_log, budget_s, only, testbed_dir, conf_dir,
+        _run(path, text, lock, apply_, store, action_log, budget_s, only, testbed_dir, conf_dir,
              backend, output_format)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _lock_file(site_path: str) -> str:
+def _lock_file(site_text: str) -> str:
     """``[rebalance] lock_file`` read straight from the TOML (validated later with the rest)."""
     import tomllib
-    from pathlib import Path
 
     from hetslurm.site.schema import Rebalance
 
     try:
-        raw = tomllib.loads(Path(site_path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        raw = tomllib.loads(site_text)
+    except tomllib.TOMLDecodeError:
         raw = {}
     section = raw.get("rebalance")
     value = section.get("lock_file") if isinstance(section, dict) else None
     return value if isinstance(value, str) else str(Rebalance.model_fields["lock_file"].default)
 
 
-def _run(path: str, lock: RunLock | None, apply_: bool, store: str | None, action_log: str | None,
-         budget_s: float | None, only: tuple[str, ...], testbed_dir: str | None,
-         conf_dir: str | None, backend: str, output_format: str) -> None:
+def _run(path: str, text: str, lock: RunLock | None, apply_: bool, store: str | None,
+         action_log: str | None, budget_s: float | None, only: tuple[str, ...],
+         testbed_dir: str | None, conf_dir: str | None, backend: str, output_format: str) -> None:
     from hetslurm.act.drift import live_target
     from hetslurm.act.output_mode import SlurmOutputProbe
     from hetslurm.act.rebalance import RebalanceRequest, policy_of
     from hetslurm.act.rebalance import rebalance as run
-    from hetslurm.site import load_site
+    from hetslurm.site import parse_site
     from hetslurm.slurm import get_backend
 
-    site = load_site(path)
+    site = parse_site(text, path)
     pol = policy_of(site)
     env = dict(os.environ)
     if testbed_dir:

@@ -10,21 +10,40 @@ Facts this rests on (Slurm 22.05, measured on the testbed; docs/hook.md):
   the error and keeps the previous one. So nothing is written until the rendered text has
   loaded in Lua 5.1 (lupa's ``lua51``, the version the plugin links) and passed a smoke
   submission through the strict stand-in; the write is atomic (temporary file, fsync, rename).
+* a hook that loads can still decide wrongly: a broken rules table makes every ``class=`` job
+  fail open (pass unchanged) while plain jobs work. So, given the site, every class of the
+  site (``class=NAME``, and ``gpus=1``/``fpga=1`` with it where the class has such devices),
+  every GPU model (``gpu-type=``) and every FPGA model (``fpga=``) is submitted through the
+  rendered text, in ``enforce`` mode whatever mode it is installed in, and each must come
+  back rewritten as the *site* (not the rendered table) says: the class's partition, QOS and
+  device models, the model's typed gres.
+
+The installed file runs inside slurmctld, so its permissions are checked
+(:mod:`hetslurm.fsguard`). ``install`` never calls a file "unchanged" that someone else could
+have written: an identical file that is group- or world-writable is replaced by a fresh
+0644 file (a new inode, so a writer that kept the old one open is cut off) and the result
+says what was replaced; a file owned by another user, a symlink, or a configuration folder
+that others can write is refused with :class:`~hetslurm.errors.PermissionsError`. ``check``
+reports the file's mode and owner, and ``disable`` refuses to rewrite an unsafe file (its
+text may not be ours).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from hetslurm.errors import ConfigError
+from hetslurm import fsguard
+from hetslurm.errors import ConfigError, PermissionsError
 from hetslurm.hook import render as render_mod
-from hetslurm.hook.standin import HookLoadError, HookRuntime
+from hetslurm.hook.standin import CallResult, HookLoadError, HookRuntime
+from hetslurm.site.hook_rules import CPU_FEATURE, FPGA_GRES, GPU_GRES
 from hetslurm.site.model import Site
 
 HOOK_FILE = "job_submit.lua"
@@ -46,22 +65,113 @@ class ValidationResult:
     header: dict[str, str] | None
 
 
-def validate_text(text: str) -> ValidationResult:
-    """Load ``text`` as slurmctld would (Lua 5.1) and run the smoke jobs through it."""
+@dataclass(frozen=True)
+class SiteSmokeJob:
+    """One ``#HET`` line and what the site says the hook must write for it."""
+
+    directive: str
+    #: Fields that must be written with exactly these values (None: must not be written).
+    fields: dict[str, str | None]
+    #: The device models the job may land on, in order, and their gres name (features
+    #: text or typed gres); None: not checked.
+    models: tuple[str, tuple[str, ...]] | None = None
+
+
+def site_smoke_jobs(site: Site) -> list[SiteSmokeJob]:
+    """A smoke job for every class, GPU model and FPGA model of ``site``, with the rewrite
+    the site (not a rendered table) asks for."""
+    gpus, fpgas = list(site.gpu_models()), list(site.fpga_models())
+    out: list[SiteSmokeJob] = []
+    classes = site.sections.get("classes") or {}
+    for name in sorted(classes):
+        wc = classes[name]
+        common: dict[str, str | None] = {"partition": wc.partition, "qos": wc.qos}
+        if CPU_FEATURE in wc.devices:
+            # A class with CPU nodes runs CPU work only (the hook refuses devices for it).
+            out.append(SiteSmokeJob(f"class={name}", {**common, "features": CPU_FEATURE}))
+            continue
+        out.append(SiteSmokeJob(f"class={name}", common))
+        class_gpus = tuple(d for d in wc.devices if d in gpus)
+        class_fpgas = tuple(d for d in wc.devices if d in fpgas)
+        if class_gpus:
+            out.append(SiteSmokeJob(f"gpus=1 class={name}", common, (GPU_GRES, class_gpus)))
+        if class_fpgas:
+            out.append(SiteSmokeJob(f"fpga=1 class={name}", common, (FPGA_GRES, class_fpgas)))
+    out += [SiteSmokeJob(f"gpus=1 gpu-type={m}", {"tres_per_node": f"gres:{GPU_GRES}:{m}:1"})
+            for m in gpus]
+    out += [SiteSmokeJob(f"fpga={m}", {"tres_per_node": f"gres:{FPGA_GRES}:{m}:1"})
+            for m in fpgas]
+    return out
+
+
+def _smoke_problem(job: SiteSmokeJob, res: CallResult) -> str | None:
+    """What is wrong with the hook's answer to ``job`` (None: it is what the site says)."""
+    if not res.ok:
+        return f"raised: {res.error}"
+    errors = [m for level, m in res.log if level == "error"]
+    if errors:
+        return f"logged an internal error: {errors[0]}"
+    if res.rc != 0:
+        return f"rejected it (rc {res.rc}): {'; '.join(res.user_messages)}"
+    got = res.fields
+    expects_a_write = job.models is not None or any(v is not None for v in job.fields.values())
+    if expects_a_write and not got:
+        return "passed it unchanged (fail-open)"
+    for key, want in job.fields.items():
+        if got.get(key) != want:
+            return f"wrote {key}={got.get(key)!r}, the site says {want!r}"
+    if job.models is not None:
+        gres, want_models = job.models
+        offered = _offered_models(got, gres)
+        if gres == GPU_GRES and offered != want_models:
+            return f"offers {gres} models {list(offered)}, the site says {list(want_models)}"
+        if gres == FPGA_GRES and (not offered or not set(offered) <= set(want_models)):
+            return f"offers {gres} models {list(offered)}, the site allows {list(want_models)}"
+    return None
+
+
+def _offered_models(fields: dict[str, Any], gres: str) -> tuple[str, ...]:
+    """The models a rewritten job may land on: a typed gres's model, else its features."""
+    typed = re.findall(rf"gres:{gres}:([^:,]+):\d+", str(fields.get("tres_per_node") or ""))
+    if typed:
+        return tuple(typed)
+    features = fields.get("features")
+    return tuple(str(features).split("|")) if features else ()
+
+
+def validate_text(text: str, site: Site | None = None, *,
+                  decisions_text: str | None = None) -> ValidationResult:
+    """Load ``text`` as slurmctld would (Lua 5.1) and run the smoke jobs through it; with
+    ``site``, also :func:`site_smoke_jobs`, through ``decisions_text`` when given (the same
+    hook without the site's chained scripts, which may rewrite the same fields) or ``text``,
+    switched to ``enforce``."""
+    head = render_mod.header(text)
     try:
         rt = HookRuntime(text)
     except HookLoadError as e:
-        return ValidationResult(False, f"does not load in Lua 5.1: {e}", render_mod.header(text))
+        return ValidationResult(False, f"does not load in Lua 5.1: {e}", head)
     for job in SMOKE_JOBS:
         res = rt.submit(job)
         if not res.ok:
-            return ValidationResult(False, f"raised on a smoke job {job}: {res.error}",
-                                    render_mod.header(text))
+            return ValidationResult(False, f"raised on a smoke job {job}: {res.error}", head)
         errors = [m for level, m in res.log if level == "error"]
         if errors:
             return ValidationResult(False, f"logged an internal error on a smoke job: "
-                                    f"{errors[0]}", render_mod.header(text))
-    return ValidationResult(True, None, render_mod.header(text))
+                                    f"{errors[0]}", head)
+    if site is None:
+        return ValidationResult(True, None, head)
+    try:
+        enforcing = HookRuntime(render_mod.set_mode(decisions_text or text, "enforce"))
+    except (HookLoadError, ConfigError) as e:
+        return ValidationResult(False, f"cannot be checked in enforce mode: {e}", head)
+    for sj in site_smoke_jobs(site):
+        res = enforcing.submit({"script": f"#!/bin/sh\n#HET {sj.directive}\ntrue\n",
+                                "user_name": "root"})
+        problem = _smoke_problem(sj, res)
+        if problem:
+            return ValidationResult(False, f"gave a wrong answer to '#HET {sj.directive}': "
+                                    f"{problem}", head)
+    return ValidationResult(True, None, head)
 
 
 @dataclass(frozen=True)
@@ -74,13 +184,19 @@ class InstallResult:
     mtime: int
     previous_build: str | None
     previous_mtime: int | None
+    #: Why the file this install replaced was unsafe (e.g. ``writable by others (mode
+    #: 0666)``); None when it was safe or absent.
+    replaced_unsafe: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def install_text(text: str, conf_dir: str | Path, *, now: float | None = None) -> InstallResult:
-    """Validate ``text`` and write it as ``conf_dir/job_submit.lua`` (atomic, newer mtime).
+def install_text(text: str, conf_dir: str | Path, *, now: float | None = None,
+                 site: Site | None = None, decisions_text: str | None = None
+                 ) -> InstallResult:
+    """Validate ``text`` (with ``site``, its classes and models too: :func:`validate_text`)
+    and write it as ``conf_dir/job_submit.lua`` (atomic, newer mtime).
 
     Raises:
         ConfigError: the text does not load or fails a smoke job (nothing is written), or
@@ -89,19 +205,29 @@ def install_text(text: str, conf_dir: str | Path, *, now: float | None = None) -
     folder = Path(conf_dir)
     if not folder.is_dir():
         raise ConfigError(f"{folder} is not a folder (give the folder that holds slurm.conf)")
-    check = validate_text(text)
+    # Whoever can write the folder can swap the hook after it is written.
+    fsguard.check_dir(folder, "Slurm configuration folder", follow=True)
+    check = validate_text(text, site, decisions_text=decisions_text)
     if not check.ok:
         raise ConfigError(f"the rendered job_submit.lua {check.error}; nothing was installed, "
                           "the controller keeps the current one")
     head = check.header or {}
     target = folder / HOOK_FILE
     previous_build = previous_mtime = None
-    if target.exists():
-        old = target.read_text(errors="replace")
-        previous_mtime = int(target.stat().st_mtime)
+    unsafe = None
+    installed = _installed(target)
+    if installed is not None:
+        st, unsafe = installed
+        if unsafe is not None and not unsafe.startswith("writable"):
+            # Not ours (another owner) or not a plain file: replacing it silently would
+            # hide whatever put it there.
+            raise PermissionsError(f"refusing installed hook {target}: {unsafe}; "
+                                   f"{_remedy(target, unsafe)}")
+        old = _read_installed(target)
+        previous_mtime = int(st.st_mtime)
         prev_head = render_mod.header(old)
         previous_build = prev_head["build"] if prev_head else None
-        if old == text:
+        if old == text and unsafe is None:
             return InstallResult(str(target), False, head.get("build", "?"),
                                  head.get("rules", "?"), head.get("mode", "?"),
                                  previous_mtime, previous_build, previous_mtime)
@@ -125,7 +251,36 @@ def install_text(text: str, conf_dir: str | Path, *, now: float | None = None) -
     finally:
         os.close(dir_fd)
     return InstallResult(str(target), True, head.get("build", "?"), head.get("rules", "?"),
-                         head.get("mode", "?"), mtime, previous_build, previous_mtime)
+                         head.get("mode", "?"), mtime, previous_build, previous_mtime,
+                         unsafe)
+
+
+def _installed(target: Path) -> tuple[os.stat_result, str | None] | None:
+    """The installed file's ``lstat`` and why it cannot be trusted (None: it can), or None
+    when there is no file."""
+    try:
+        st = os.lstat(target)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return st, "it is a symlink"
+    if not stat.S_ISREG(st.st_mode):
+        return st, "it is not a regular file"
+    return st, fsguard.problem(st)
+
+
+def _remedy(target: Path, why: str) -> str:
+    if why.startswith("owned"):
+        return f"check who wrote it, then remove it or chown root {target}"
+    if why.startswith("writable"):
+        return "its text may not be ours: run hetslurm hook install to replace it"
+    return "check what it is, then remove it"
+
+
+def _read_installed(target: Path) -> str:
+    fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "r", encoding="utf-8", errors="replace") as fh:
+        return fh.read()
 
 
 def install_hook(
@@ -140,15 +295,23 @@ def install_hook(
     """Render the hook for ``site`` and install it (see :func:`install_text`)."""
     rendered = render_mod.render_hook(site, mode=mode, chain_before=chain_before,
                                       chain_after=chain_after)
-    return install_text(rendered.text, conf_dir, now=now)
+    plain = None
+    if chain_before is not None or chain_after is not None:
+        plain = render_mod.render_hook(site, mode=mode).text
+    return install_text(rendered.text, conf_dir, now=now, site=site, decisions_text=plain)
 
 
 def set_installed_mode(conf_dir: str | Path, mode: str) -> InstallResult:
     """The kill switch: rewrite the installed hook's mode (``off`` stops every rewrite)."""
     target = Path(conf_dir) / HOOK_FILE
-    if not target.exists():
+    installed = _installed(target)
+    if installed is None:
         raise ConfigError(f"{target} does not exist; nothing to switch")
-    return install_text(render_mod.set_mode(target.read_text(), mode), conf_dir)
+    unsafe = installed[1]
+    if unsafe is not None:
+        raise PermissionsError(f"refusing installed hook {target}: {unsafe}; "
+                               f"{_remedy(target, unsafe)}")
+    return install_text(render_mod.set_mode(_read_installed(target), mode), conf_dir)
 
 
 _LOAD_FAILED = re.compile(r"job_submit/lua.*(error|using previous script)|"
@@ -163,11 +326,15 @@ def check_hook(conf_dir: str | Path, log_file: str | Path | None = None) -> dict
     reloads lazily, at the next submission after the file changed.
     """
     target = Path(conf_dir) / HOOK_FILE
-    out: dict[str, Any] = {"path": str(target), "installed": target.exists()}
-    if not target.exists():
-        out.update(installed_build=None, loads=None, running_build=None, in_sync=False)
+    installed = _installed(target)
+    out: dict[str, Any] = {"path": str(target), "installed": installed is not None}
+    if installed is None:
+        out.update(installed_build=None, loads=None, running_build=None, in_sync=False,
+                   file_mode=None, owner_uid=None, permissions=None)
         return out
-    text = target.read_text(errors="replace")
+    st, unsafe = installed
+    # A symlink is reported, not followed: what it points at is not what was installed.
+    text = _read_installed(target) if stat.S_ISREG(st.st_mode) else ""
     head = render_mod.header(text) or {}
     check = validate_text(text)
     out.update(
@@ -175,7 +342,10 @@ def check_hook(conf_dir: str | Path, log_file: str | Path | None = None) -> dict
         installed_rules=head.get("rules"),
         installed_mode=head.get("mode"),
         site=head.get("site"),
-        mtime=int(target.stat().st_mtime),
+        mtime=int(st.st_mtime),
+        file_mode=fsguard.mode_text(st),
+        owner_uid=st.st_uid,
+        permissions="ok" if unsafe is None else f"unsafe: {unsafe}",
         loads=check.ok,
         load_error=check.error,
     )

@@ -16,6 +16,14 @@ Readers refuse, and count, segments that are symlinks, not regular files, owned 
 untrusted user, writable by others, unreadable (truncated, corrupt) or forged (wrong
 columns, samples of another node, or times outside the name's range). Refusals make a read
 *partial*; nothing refused is deleted.
+
+The folders are checked too (:mod:`hetslurm.fsguard`), by writers and readers alike: a root,
+node or day folder writable by group or others, or owned by an untrusted user, lets someone
+else delete or replace segments (and fewer samples can make a job look idle), so the store
+refuses to write into or read from it with :class:`hetslurm.errors.PermissionsError`. Such a
+folder can only come from an admin (no user can create one inside a root that passes), so
+refusing the whole read is not something a user can provoke. Writers make folders 0755
+whatever their umask.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from hetslurm import fsguard
 from hetslurm.errors import MetricsError
 from hetslurm.metrics.samples import CATEGORICAL, COLUMNS, arrow_schema
 from hetslurm.site.names import NODE_RE
@@ -102,7 +111,7 @@ class SegmentStore:
 
     def __init__(self, root: str | Path, trusted_uids: Iterable[int] = ()) -> None:
         self.root = Path(root)
-        self.trusted = {0, os.geteuid(), *trusted_uids}
+        self.trusted = set(fsguard.trusted_uids(trusted_uids))
         self._seq = 0
         self._tag = f"{_safe(socket.gethostname())}-{os.getpid()}"
 
@@ -132,8 +141,11 @@ class SegmentStore:
             return None
         times = table.column("time").to_pylist()
         t0, t1 = min(times), max(times)
-        folder = self._node_dir(node) / day_of(t0)
-        folder.mkdir(parents=True, exist_ok=True, mode=0o755)
+        node_dir = self._node_dir(node)
+        folder = node_dir / day_of(t0)
+        fsguard.make_dir(self.root, "metric store", self.trusted, follow=True)
+        fsguard.make_dir(node_dir, "metric store node folder", self.trusted)
+        fsguard.make_dir(folder, "metric store day folder", self.trusted)
         target = folder / self._name(kind, t0, t1)
         _write_atomic(table, target)
         return target
@@ -142,6 +154,7 @@ class SegmentStore:
     def nodes(self, report: ReadReport | None = None) -> list[str]:
         if not self.root.is_dir():
             return []
+        self._check_root()
         out = []
         for p in sorted(self.root.iterdir()):
             if p.name.startswith("."):
@@ -151,16 +164,27 @@ class SegmentStore:
                     report.refuse("symlink", p)
                 continue
             if p.is_dir() and NODE_RE.match(p.name):
+                fsguard.check_dir(p, "metric store node folder", self.trusted)
                 out.append(p.name)
         return out
+
+    def _check_root(self) -> None:
+        # A root that is a symlink is an admin's choice (the store kept on another disk);
+        # the folder it points at is what is checked.
+        fsguard.check_dir(self.root, "metric store", self.trusted, follow=True)
 
     def segments(self, node: str, since: float | None = None, until: float | None = None,
                  report: ReadReport | None = None) -> list[Segment]:
         """Segments of ``node`` whose time range meets ``[since, until)``."""
         base = self._node_dir(node)
         out: list[Segment] = []
+        if base.is_symlink():
+            if report:
+                report.refuse("symlink", base)
+            return out
         if not base.is_dir():
             return out
+        fsguard.check_dir(base, "metric store node folder", self.trusted)
         lo_day = day_of(since - 86400) if since is not None else None
         hi_day = day_of(until) if until is not None else None
         for day in sorted(base.iterdir()):
@@ -173,6 +197,7 @@ class SegmentStore:
             # A segment lives under the day its first sample fell on; it may run past it.
             if (lo_day and day.name < lo_day) or (hi_day and day.name > hi_day):
                 continue
+            fsguard.check_dir(day, "metric store day folder", self.trusted)
             for p in sorted(day.iterdir()):
                 if p.name.startswith("."):
                     continue  # a writer's temporary file
@@ -277,6 +302,8 @@ class SegmentStore:
                   progress: Progress | None, columns: Sequence[str] | None
                   ) -> Iterator[tuple[Segment, Any, float, float]]:
         report = report if report is not None else ReadReport()
+        if self.root.is_dir():
+            self._check_root()
         wanted = list(nodes) if nodes is not None else self.nodes(report)
         plan = deque(s for n in wanted for s in self.segments(n, since, until, report))
         planned = {s.path for s in plan}

@@ -8,6 +8,7 @@ files one error at a time is what admins do with slurm.conf too.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import tomllib
 from collections.abc import Iterable, Sequence
@@ -17,6 +18,7 @@ from typing import Any, get_args, get_origin
 import hostlist
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
+from hetslurm import fsguard
 from hetslurm.errors import ConfigError
 from hetslurm.site import levers as site_levers
 from hetslurm.site import names
@@ -80,6 +82,39 @@ def load_site(path: str | Path) -> Site:
     except OSError as exc:
         raise ConfigError(f"cannot read site file: {exc.strerror}", file=str(p)) from exc
     return parse_site(text, str(p))
+
+
+def load_site_as_root(path: str | Path) -> Site:
+    """:func:`load_site` for a command that acts on the cluster (``rebalance``, ``act``);
+    see :func:`read_site_as_root`."""
+    return parse_site(read_site_as_root(path), str(path))
+
+
+def read_site_as_root(path: str | Path) -> str:
+    """The text of a site file that steers a run acting on the cluster.
+
+    Running as root, the file (a symlink is followed to it) must be owned by root and
+    writable by nobody else: otherwise whoever can write it chooses what root requeues,
+    which lock file root writes and which folders it reads (:mod:`hetslurm.fsguard`).
+    Another user's run acts with that user's rights only, and is not checked.
+
+    Raises:
+        PermissionsError: running as root, the file is writable by group or others or owned
+            by another user.
+        ConfigError: the file cannot be read or is not UTF-8 text.
+    """
+    p = Path(path)
+    try:
+        if os.geteuid() == 0:
+            data = fsguard.read_checked(os.path.realpath(p), "site file", trusted=(0,))
+        else:
+            data = p.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read site file: {exc.strerror}", file=str(p)) from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"not UTF-8 text (byte {exc.start})", file=str(p)) from None
 
 
 def parse_site(text: str, path: str = "<site>") -> Site:

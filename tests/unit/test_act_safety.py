@@ -82,9 +82,9 @@ def test_log_is_append_only_and_skips_a_torn_line(tmp_path: Path) -> None:
     log.append("decision", {"job": "1"})
     with open(log.path, "a") as fh:
         fh.write('{"kind": "warning", "job"')  # a crash mid-line
-    log.append("notify", {"job": "2"})
+    log.append("action", {"job": "2"})
     entries = list(log.entries())
-    assert [e["kind"] for e in entries] == ["decision", "notify"]
+    assert [e["kind"] for e in entries] == ["decision", "action"]
     assert log.bad_lines == 1
     assert log.path.read_text().startswith('{"job": "1"')
     with pytest.raises(ValueError):
