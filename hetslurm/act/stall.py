@@ -97,7 +97,7 @@ class Component:
     job: str
     job_id: int
     name: str
-    restarts: int
+    restarts: int | None
     start: float | None
     evidence: Evidence | None = None
 
@@ -120,7 +120,8 @@ class Decision:
     gpus: int
     gpu_model: str | None
     state: str
-    restarts: int
+    #: None: Slurm did not report it (such a job is never requeued, see ``restarts-unknown``).
+    restarts: int | None
     start: float | None
     rule: str
     planned: str
@@ -221,7 +222,8 @@ def idle_evidence(jobs: Sequence[JobInfo], samples: Any, usage: Usage, *, window
     rows = []
     for j in jobs:
         gpus, model = job_gpus(j)
-        rows.append({"job_id": j.job_id, "run": j.restarts, "gpus": gpus,
+        # One row per job here, so "run" (which run is the last) only needs to be a number.
+        rows.append({"job_id": j.job_id, "run": j.restarts or 0, "gpus": gpus,
                      "start": _epoch(j), "end": np.nan, "user": j.user or "",
                      "account": j.account or "", "partition": j.partition or "",
                      "gpu_model": model or "", "nodes": ",".join(j.nodes)})
@@ -528,6 +530,12 @@ def verdict(job: JobInfo, ev: Evidence | None, ctx: Context, now: float,
             return v(rule, "none", f"{value} is exempt")
     if on_idle == "notify":
         return v("on-idle-notify", "notify", "the job asked on-idle=notify")
+    if job.restarts is None:
+        # A missing count read as 0 would pass the cap for a job requeued many times over;
+        # a warning is tied to a run by the count too, so no changing action is possible.
+        return v("restarts-unknown", "none", "Slurm did not report the job's restart count: "
+                 f"the requeue cap ({st.max_requeues}) and the run a warning names cannot "
+                 "be checked")
     if not job.batch:
         return v("non-batch", st.non_batch_action, "interactive job: Slurm cannot requeue it")
     if not job.requeue or "no-requeue" in str(rec.get("req", "")).split():
@@ -565,9 +573,11 @@ def judge(job: JobInfo, ev: Evidence | None, ctx: Context, now: float,
     return x.rule, x.planned, x.reason, x.on_idle, x.output_mode
 
 
-def _warnings(log: ActionLog | None) -> dict[tuple[int, int], float]:
-    """Latest warning time (the run's clock) per (job id, restarts)."""
-    out: dict[tuple[int, int], float] = {}
+def _warnings(log: ActionLog | None) -> dict[tuple[int, int | None], float]:
+    """Latest warning time (the run's clock) per (job id, restarts).
+
+    A warning logged without a restart count names no run, so it never matures."""
+    out: dict[tuple[int, int | None], float] = {}
     if log is None:
         return out
     for e in log.entries("warning"):
@@ -701,7 +711,7 @@ def _held(j: JobInfo) -> bool:
     return "held" in (j.reason or "").lower() or j.state in _HELD_STATES
 
 
-def _wait_for(backend: SlurmBackend, ref: str, restarts_before: int, want: str,
+def _wait_for(backend: SlurmBackend, ref: str, restarts_before: int | None, want: str,
               timeout: float, sleep: Callable[[float], None]) -> tuple[bool, str]:
     """Read Slurm back until ``ref`` shows ``want`` or ``timeout`` passes.
 
@@ -717,7 +727,9 @@ def _wait_for(backend: SlurmBackend, ref: str, restarts_before: int, want: str,
         except NotFoundError:
             return False, "job vanished after the action"
         seen = f"state {j.state}, restarts {j.restarts}, reason {j.reason}"
-        raised = j.restarts > restarts_before
+        # An unknown count (before or now) never shows a requeue happened.
+        raised = (j.restarts is not None and restarts_before is not None
+                  and j.restarts > restarts_before)
         if want == "cancel":
             if j.state == "CANCELLED":
                 return True, seen
@@ -761,11 +773,12 @@ def execute(backend: SlurmBackend, decisions: Sequence[Decision], ctx: Context,
     """Log every decision and carry out the non-quiet ones; never raises for one job."""
     now = time.time() if now is None else now
     st = ctx.stall
-    notified: set[tuple[int, int, str]] = set()
+    notified: set[tuple[int, int | None, str]] = set()
     for e in log.entries("notify"):
         try:
             if e.get("ok"):
-                notified.add((int(e["job_id"]), int(e["restarts"]), str(e["rule"])))
+                r = e["restarts"]  # null: Slurm did not report the count then
+                notified.add((int(e["job_id"]), None if r is None else int(r), str(e["rule"])))
         except (KeyError, TypeError, ValueError):
             continue  # a malformed entry is not evidence of a notice
     outcomes: list[Outcome] = []

@@ -190,7 +190,8 @@ def _json_job(j: Mapping[str, Any]) -> JobInfo:
         start_time=units.from_epoch(j.get("start_time")),
         end_time=units.from_epoch(j.get("end_time")),
         time_limit=limit,
-        restarts=units.int_or_none(j.get("restart_cnt")) or 0,
+        # Missing or a sentinel is unknown, not 0: a 0 would pass the requeue cap unchecked.
+        restarts=units.int_or_none(j.get("restart_cnt")),
         batch=bool(j.get("batch_flag", True)),
         requeue=bool(j.get("requeue", True)),
         comment=units.text_or_none(j.get("comment")),
@@ -428,7 +429,7 @@ def parse_scontrol_jobs(text: str) -> list[JobInfo]:
                 start_time=units.parse_datetime(_first(rec, "StartTime")),
                 end_time=units.parse_datetime(_first(rec, "EndTime")),
                 time_limit=units.time_seconds(_first(rec, "TimeLimit")),
-                restarts=_int(_first(rec, "Restarts")) or 0,
+                restarts=_int(_first(rec, "Restarts")),
                 batch=_first(rec, "BatchFlag") != "0",
                 requeue=_first(rec, "Requeue") != "0",
                 comment=units.text_or_none(_first(rec, "Comment")),

@@ -66,6 +66,11 @@ def test_low_coverage_is_not_idle() -> None:
     ({"restarts": 2}, {"over_cap_action": "requeue_hold"}, "cap-reached", "requeue_hold"),
     ({}, {"action": "requeue_hold"}, "idle", "requeue_hold"),
     ({}, {"action": "notify"}, "idle", "notify"),
+    # Issue 18, finding 7: an unknown restart count cannot be checked against the cap.
+    ({"restarts": None}, {}, "restarts-unknown", "none"),
+    ({"restarts": None}, {"over_cap_action": "requeue_hold"}, "restarts-unknown", "none"),
+    ({"restarts": None, "batch": False}, {"non_batch_action": "cancel"}, "restarts-unknown",
+     "none"),
 ])
 def test_rules_and_exemptions(kw: dict, stall: dict, rule: str, planned: str) -> None:
     fake = cluster(job(1, **kw))
@@ -299,4 +304,20 @@ def test_a_record_that_reads_differently_is_not_trusted(tmp_path: Path) -> None:
     d = plan(fake, samples({1: 0.0}), c, now=NOW, log=log, output_probe=append_probe)
     out = execute(fake, d, c, log, now=NOW, output_probe=append_probe)
     assert out[0].result == "skipped" and "not trusted" in out[0].detail
+    assert fake.job(1).state == "RUNNING"
+
+
+def test_a_job_with_an_unknown_restart_count_is_never_requeued(tmp_path: Path) -> None:
+    # Issue 18, finding 7: even with a matured warning for it, nothing is done.
+    fake = cluster(job(1, restarts=None))
+    log = ActionLog(tmp_path / "a.jsonl")
+    log.append("warning", {"t": NOW - 3600, "job": "1", "job_id": 1, "restarts": None,
+                           "rule": "idle", "planned": "requeue"})
+    log.append("warning", {"t": NOW - 3600, "job": "1", "job_id": 1, "restarts": 0,
+                           "rule": "idle", "planned": "requeue"})
+    c = ctx()
+    d = plan(fake, samples({1: 0.0}), c, now=NOW, log=log, output_probe=append_probe)
+    assert (d[0].rule, d[0].planned, d[0].action) == ("restarts-unknown", "none", "none")
+    assert "restart count" in d[0].reason
+    execute(fake, d, c, log, now=NOW, output_probe=append_probe)
     assert fake.job(1).state == "RUNNING"
