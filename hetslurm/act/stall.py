@@ -17,7 +17,8 @@ Rules, first match wins (docs/act.md): ``in-grace``, ``not-idle``, ``unknown-met
 ``exempt-user``/``-account``/``-partition``/``-qos``, ``on-idle-notify``, ``non-batch``,
 ``no-requeue``, ``cap-reached``, ``output-not-append``, ``on-idle-downgrade``, ``idle``.
 A heterogeneous job's components are judged one by one and then together (``het-job``):
-the job is requeued through its leader only when every component is idle and qualifies.
+the job is requeued, held or cancelled through its leader only when every component would
+get that same action on its own; a component is never acted on alone.
 
 ``on-idle=downgrade`` (the user's opt-in, from the hook's decision record) turns the last
 rule into a downgrade: ``requeuehold Incomplete``, ``scontrol update`` of the request to the
@@ -46,8 +47,9 @@ from hetslurm.slurm.units import GresItem, parse_gres
 
 #: Actions that change a job; each needs a matured warning first.
 CHANGING = ("requeue", "requeue_hold", "cancel", "downgrade")
-#: Actions that requeue (a het job qualifies only with one of these planned everywhere).
-REQUEUING = ("requeue", "requeue_hold")
+#: Changing actions Slurm applies to a whole het job when given its leader's id (a het job
+#: is never downgraded).
+THROUGH_LEADER = ("requeue", "requeue_hold", "cancel")
 #: Rules whose jobs are not idle (or not judged): summarised per run, not logged one by one.
 QUIET_RULES = ("in-grace", "not-idle")
 
@@ -155,8 +157,8 @@ class Decision:
         if self.downgrade is not None:
             return self.downgrade.describe()
         if self.components:
-            return (f"requeue het job {self.target} ({len(self.components)} components) "
-                    "through its leader")
+            return (f"{self.planned} het job {self.target} ({len(self.components)} "
+                    "components) through its leader")
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -604,22 +606,33 @@ def gate(planned: str, warned_at: float | None, ctx: Context, now: float) -> str
 
 def _het_verdicts(members: Sequence[JobInfo], own: Mapping[int, Verdict],
                   ctx: Context) -> dict[int, Verdict]:
-    """Het components judged together: the job is requeued through its leader only when
-    every component runs, holds GPUs, and on its own would be requeued (rule ``idle``).
+    """Het components judged together: the job is acted on through its leader only when
+    every component runs, holds GPUs, and on its own would get the same changing action
+    (:data:`CHANGING`: requeued as ``idle``, cancelled as ``non-batch``, held as
+    ``cap-reached``).
 
+    A component is never acted on alone: Slurm refuses to requeue a component's own id,
+    and from 24.11 cancelling component 0 cancels the whole het job, busy components too.
     A component without GPUs has no samples, and unknown is never idle. When one component
-    blocks, the idle ones are notified (``het-job``); the others keep their own rule.
+    blocks, every component that would have been acted on is notified (``het-job``); the
+    others keep their own rule.
     """
     het_id = members[0].het_job_id
     blockers: list[str] = []
+    actions: set[str] = set()
     for m in sorted(members, key=lambda m: m.het_job_offset or 0):
         mine = own.get(m.job_id)
         if m.state != "RUNNING":
             blockers.append(f"{m.display_id} is {m.state}")
         elif mine is None:
             blockers.append(f"{m.display_id} holds no GPU: unknown is never idle")
-        elif mine.rule != "idle" or mine.planned not in REQUEUING:
+        elif mine.planned not in THROUGH_LEADER:
             blockers.append(f"{m.display_id} is {mine.rule}")
+        else:
+            actions.add(mine.planned)
+    if len(actions) > 1:
+        blockers.append("the components would get different actions "
+                        f"({', '.join(sorted(actions))})")
     leader = next((m for m in members if m.job_id == het_id), None)
     if leader is None:
         blockers.append(f"the leader {het_id} is not listed")
@@ -636,7 +649,7 @@ def _het_verdicts(members: Sequence[JobInfo], own: Mapping[int, Verdict],
             else:
                 out[m.job_id] = replace(mine, rule="het-job", planned="none",
                                         reason=f"acted on through the leader {het_id}")
-        elif mine.rule == "idle" or mine.planned == "downgrade":
+        elif mine.rule == "idle" or mine.planned in CHANGING:
             out[m.job_id] = replace(
                 mine, rule="het-job", planned="notify", downgrade=None,
                 reason="idle, but a het job is requeued only when every component "
@@ -671,7 +684,7 @@ def plan(backend: SlurmBackend, samples: Any, ctx: Context, *, now: float | None
         gpus, model = job_gpus(j)
         target: str | None = None
         components: tuple[Component, ...] = ()
-        if x.rule == "het-job" and x.planned in REQUEUING and j.het_job_id:
+        if x.rule == "het-job" and x.planned in THROUGH_LEADER and j.het_job_id:
             target = str(j.het_job_id)
             components = tuple(
                 Component(m.display_id, m.job_id, m.name, m.restarts, _epoch(m),
@@ -860,7 +873,7 @@ def _recheck(backend: SlurmBackend, d: Decision, ctx: Context, now: float,
             why = _changed(c, comp)
             if why is None:
                 own = verdict(comp, c.evidence, ctx, now, output_probe)
-                if (own.rule, own.planned) != ("idle", d.planned):
+                if own.planned != d.planned:
                     why = f"the rule is now {own.rule} -> {own.planned}"
             if why is not None:
                 return f"component {c.job}: {why}"
