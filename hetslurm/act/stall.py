@@ -41,7 +41,7 @@ from hetslurm.act import notify as notifier
 from hetslurm.act.log import ActionLog
 from hetslurm.act.output_mode import OutputProbe
 from hetslurm.errors import HetslurmError
-from hetslurm.site.schema import Stall, Usage
+from hetslurm.site.schema import Collector, Stall, Usage
 from hetslurm.slurm.backend import JobInfo, NotFoundError, SlurmBackend
 from hetslurm.slurm.units import GresItem, parse_gres
 
@@ -58,7 +58,12 @@ _RECORD = re.compile(r"(?:^|\s)([a-z][a-z0-9_-]{0,31}):(\{[^{}]*\})")
 
 @dataclass(frozen=True)
 class Evidence:
-    """What the samples of one job said over the window (``None``: no known sample)."""
+    """What the samples of one job said over the window (``None``: no known sample).
+
+    ``expected_samples`` is what the allocation gives at the collector's configured interval
+    (``[collector] interval_s``); ``gpus`` the allocated GPUs, ``covered_gpus`` those with
+    samples for at least ``[usage] min_coverage`` of the window (idle needs all of them).
+    """
 
     window_start: float
     window_end: float
@@ -69,6 +74,8 @@ class Evidence:
     max_util_pct: float | None
     max_memory_mib: float | None
     idle: bool
+    gpus: int = 0
+    covered_gpus: int = 0
 
 
 @dataclass(frozen=True)
@@ -211,13 +218,39 @@ def job_gpus(job: JobInfo) -> tuple[int, str | None]:
     return n, model
 
 
+def allocated_devices(job: JobInfo) -> list[tuple[str, int]] | None:
+    """The (node, Slurm GRES index) of every GPU the job holds; None when Slurm did not
+    name the indices of some of them (then only their number can be checked)."""
+    out: list[tuple[str, int]] = []
+    for node, items in job.allocated_gres.items():
+        for it in items:
+            if it.name != "gpu":
+                continue
+            if it.indices is None or len(it.indices) != it.count:
+                return None
+            out.extend((node, i) for i in it.indices)
+    return out
+
+
 def idle_evidence(jobs: Sequence[JobInfo], samples: Any, usage: Usage, *, window_s: int,
-                  now: float) -> dict[int, Evidence]:
-    """Per job id, the audit's idle verdict over ``[now - window_s, now)`` and its numbers."""
+                  now: float, max_interval_s: float | None = None) -> dict[int, Evidence]:
+    """Per job id, the audit's idle verdict over ``[now - window_s, now)`` and its numbers.
+
+    The verdict is :func:`hetslurm.audit.tables.judge_windows` over each job's allocated
+    devices (from Slurm): every one must be reported for ``min_coverage`` of the window.
+    ``max_interval_s``: the most one sample may stand for (``[collector] interval_s``).
+    """
     import numpy as np
     import pandas as pd
 
-    from hetslurm.audit.tables import idle_jobs, per_job, prepare_jobs, prepare_samples
+    from hetslurm.audit.tables import (
+        interval_cap,
+        judge_windows,
+        prepare_jobs,
+        prepare_samples,
+    )
+
+    cap = interval_cap(None) if max_interval_s is None else max_interval_s
 
     since = now - window_s
     w_usage = usage.model_copy(update={"idle_window_s": window_s})
@@ -234,16 +267,23 @@ def idle_evidence(jobs: Sequence[JobInfo], samples: Any, usage: Usage, *, window
     frame = frame.astype({"job_id": "int64", "run": "int64", "gpus": "int64",
                           "start": "float64", "end": "float64"})
     jf = prepare_jobs(frame, since, now, now)
-    need = {"time", "job_id", "utilization_pct", "memory_used_mib", "status", "interval_s"}
+    need = {"time", "node", "job_id", "utilization_pct", "memory_used_mib", "status",
+            "interval_s"}
     if samples is None or len(samples) == 0 or not need <= set(samples.columns):
         s = None
     else:
         s = prepare_samples(samples.copy(), w_usage, since, now)
         s = s[s["held"]]
-    idle_ids: set[int] = set()
+    judged: dict[int, tuple[bool, int]] = {}
     if s is not None and len(s) and len(jf):
-        idle = idle_jobs(jf, s, per_job(s), w_usage)
-        idle_ids = {int(x) for x in idle["job_id"].tolist()}
+        allocated = {j.job_id: devs for j in jobs
+                     if (devs := allocated_devices(j)) is not None}
+        _, w = judge_windows(jf, s, w_usage, max_interval_s=cap, allocated=allocated,
+                             every_window=True)
+        # One window per job here (its run inside [since, now) is at most window_s long);
+        # the first, should a run shorter than one interval make two.
+        for row in w.sort_values(["job_id", "k"]).groupby("job_id").head(1).itertuples():
+            judged[int(row.job_id)] = (bool(row.idle), int(row.covered_gpus))
     out: dict[int, Evidence] = {}
     stats: dict[int, dict[str, Any]] = {}
     if s is not None and len(s):
@@ -255,7 +295,6 @@ def idle_evidence(jobs: Sequence[JobInfo], samples: Any, usage: Usage, *, window
             "max": util.groupby(s["job_id"].astype("int64")).max(),
             "mem": s["memory_used_mib"].astype("float64").groupby(
                 s["job_id"].astype("int64")).max(),
-            "interval": g["interval_s"].median(),
         })
         stats = {int(k): v for k, v in stats_frame.to_dict("index").items()}
     for j in jobs:
@@ -266,13 +305,13 @@ def idle_evidence(jobs: Sequence[JobInfo], samples: Any, usage: Usage, *, window
             v = st.get(key)
             return None if v is None or (isinstance(v, float) and v != v) else float(v)
 
-        interval = num("interval")
+        idle, covered = judged.get(j.job_id, (False, 0))
         out[j.job_id] = Evidence(
             window_start=since, window_end=now, samples=int(st.get("n", 0)),
             known_samples=int(st.get("known", 0)),
-            expected_samples=(window_s / interval * gpus) if interval else 0.0,
+            expected_samples=window_s / cap * gpus,
             mean_util_pct=num("mean"), max_util_pct=num("max"), max_memory_mib=num("mem"),
-            idle=j.job_id in idle_ids)
+            idle=idle, gpus=gpus, covered_gpus=covered)
     return out
 
 
@@ -356,6 +395,9 @@ class Context:
     modify_exempt_uids: tuple[int, ...] = (0,)
     #: The uid this run acts as (the hook judges ``scontrol update`` by it).
     uid: int = field(default_factory=os.geteuid)
+    #: The most seconds one sample may stand for: ``[collector] interval_s`` (a sample's own
+    #: ``interval_s`` is capped at it, so a forged one cannot cover a window alone).
+    max_interval_s: float = field(default_factory=lambda: float(Collector().interval_s))
 
     @property
     def window_s(self) -> int:
@@ -520,9 +562,12 @@ def verdict(job: JobInfo, ev: Evidence | None, ctx: Context, now: float,
                      "sample(s) in the window: unknown is never idle")
         if ev is None or ev.samples == 0:
             return v("unknown-metrics", "none", "no samples in the window")
-        if ev.max_util_pct is not None and ev.max_util_pct < ctx.usage.idle_threshold_pct:
-            return v("unknown-metrics", "none", f"{ev.known_samples} known sample(s) of "
-                     f"{ev.expected_samples:.0f} expected: coverage too low")
+        if (ev.max_util_pct is not None and ev.max_util_pct < ctx.usage.idle_threshold_pct
+                and ev.covered_gpus < ev.gpus):
+            return v("unknown-metrics", "none", f"{ev.covered_gpus} of {ev.gpus} allocated "
+                     f"GPU(s) reported for {ctx.usage.min_coverage:.0%} of the window "
+                     f"({ev.known_samples} known sample(s) of {ev.expected_samples:.0f} "
+                     "expected): unknown is never idle")
         return v("not-idle", "none", "busy in the window")
     for rule, value, listed in (("exempt-user", job.user, st.exempt_users),
                                 ("exempt-account", job.account, st.exempt_accounts),
@@ -666,7 +711,8 @@ def plan(backend: SlurmBackend, samples: Any, ctx: Context, *, now: float | None
     now = time.time() if now is None else now
     listed = list(backend.jobs() if jobs is None else jobs)
     running = [j for j in listed if j.state == "RUNNING" and job_gpus(j)[0] > 0]
-    evidence = idle_evidence(running, samples, ctx.usage, window_s=ctx.window_s, now=now)
+    evidence = idle_evidence(running, samples, ctx.usage, window_s=ctx.window_s, now=now,
+                             max_interval_s=ctx.max_interval_s)
     warned = _warnings(log)
     own = {j.job_id: verdict(j, evidence.get(j.job_id), ctx, now, output_probe)
            for j in running}

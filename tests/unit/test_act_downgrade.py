@@ -129,7 +129,9 @@ def test_class_limits_the_models() -> None:
     on_a100 = {"n1": (GresItem("gpu", "a100", 2, (0, 1)),)}
     trained = h100_job(allocated_gres=on_a100, tres_per_node=(GresItem("gpu", "a100", 2),),
                        admin_comment=rec(set="admin_comment", **{"class": "train"}))
-    free = replace(trained, job_id=2, admin_comment=rec(set="admin_comment"))
+    # Job 2's samples come from n2 (the fixture's node for it): its allocation says so too.
+    free = replace(trained, job_id=2, admin_comment=rec(set="admin_comment"), nodes=("n2",),
+                   allocated_gres={"n2": on_a100["n1"]})
     d = {x.job: x for x in plan(cluster(trained, free), samples({1: 0.0, 2: 0.0}), c,
                                 now=NOW, output_probe=append_probe)}
     assert d["1"].planned == "notify" and "v100" in d["1"].reason
