@@ -62,7 +62,9 @@ class Evidence:
 
     ``expected_samples`` is what the allocation gives at the collector's configured interval
     (``[collector] interval_s``); ``gpus`` the allocated GPUs, ``covered_gpus`` those with
-    samples for at least ``[usage] min_coverage`` of the window (idle needs all of them).
+    samples for at least ``[usage] min_coverage`` of the window (idle needs all of them),
+    counted only when every sample was known and below the thresholds (else 0: the window
+    was decided without it).
     """
 
     window_start: float
@@ -278,8 +280,9 @@ def idle_evidence(jobs: Sequence[JobInfo], samples: Any, usage: Usage, *, window
     if s is not None and len(s) and len(jf):
         allocated = {j.job_id: devs for j in jobs
                      if (devs := allocated_devices(j)) is not None}
-        _, w = judge_windows(jf, s, w_usage, max_interval_s=cap, allocated=allocated,
-                             every_window=True)
+        # Coverage only where it decides (every sample known and below the thresholds):
+        # counting devices of a busy job's window would cost most of the run.
+        _, w = judge_windows(jf, s, w_usage, max_interval_s=cap, allocated=allocated)
         # One window per job here (its run inside [since, now) is at most window_s long);
         # the first, should a run shorter than one interval make two.
         for row in w.sort_values(["job_id", "k"]).groupby("job_id").head(1).itertuples():
