@@ -48,7 +48,8 @@ WINDOW_S = 3600
 PER_LEAF = 32
 
 
-def _site_toml(nodes: int, root: Path) -> str:
+def _site_toml(nodes: int, root: Path, interval_s: float = 30.0) -> str:
+    # [collector] interval_s: what one sample may stand for when idleness is judged.
     return gpu_site_toml(nodes, "bench-rebalance", per_leaf=PER_LEAF, extra=f"""[scheduling]
 gpu_model_order = ["h100", "a100"]
 def_mem_per_cpu = 1024
@@ -64,6 +65,8 @@ lock_file = "{root / 'act.lock'}"
 [rebalance]
 lock_file = "{root / 'rebalance.lock'}"
 pending_limit_s = 3600
+[collector]
+interval_s = {interval_s}
 """)
 
 
@@ -141,7 +144,7 @@ def generate(root: Path, jobs: int, nodes: int, interval_s: float, segments_per_
     from hetslurm.site.load import parse_site
     from hetslurm.site.render import render, write_rendered
 
-    site_text = _site_toml(nodes, root)
+    site_text = _site_toml(nodes, root, interval_s)
     (root / "site.toml").write_text(site_text)
     write_rendered(render(parse_site(site_text, "<bench>"), whole=True), root / "etc")
     rng = np.random.default_rng(seed)

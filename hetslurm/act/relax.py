@@ -68,7 +68,7 @@ class Snapshot:
     state: str
     reason: str | None
     name: str
-    restarts: int
+    restarts: int | None
     features: str | None
     prefer: str | None
     gres: str

@@ -18,8 +18,8 @@ from hetslurm.site.schema import Stall, Usage
 from hetslurm.slurm.backend import SlurmBackend
 
 #: The sample columns the stall decision reads.
-STALL_COLUMNS = ("time", "node", "minor", "job_id", "utilization_pct", "memory_used_mib",
-                 "status", "interval_s")
+STALL_COLUMNS = ("time", "node", "minor", "slurm_index", "job_id", "utilization_pct",
+                 "memory_used_mib", "status", "interval_s")
 
 
 @dataclass(frozen=True)
@@ -37,13 +37,16 @@ def context_for(site: Site | None) -> Context:
     hook's ``scontrol update`` rule of ``site`` (defaults, and no downgrades, without one)."""
     if site is None:
         return Context(stall=Stall(), usage=Usage())
+    from hetslurm.audit.tables import interval_cap
+
     hook = site.sections.get("hook")
     return Context(stall=site.sections.get("stall") or Stall(),
                    usage=site.sections.get("usage") or Usage(),
                    record_field=getattr(hook, "record_field", "admin_comment"),
                    record_key=getattr(hook, "record_key", "hetslurm"),
                    models=SiteModels.from_site(site),
-                   modify_exempt_uids=tuple(getattr(hook, "modify_exempt_uids", (0,))))
+                   modify_exempt_uids=tuple(getattr(hook, "modify_exempt_uids", (0,))),
+                   max_interval_s=interval_cap(site))
 
 
 def read_samples(store: str | None, site: Site | None, since: float, until: float

@@ -17,7 +17,8 @@ Rules, first match wins (docs/act.md): ``in-grace``, ``not-idle``, ``unknown-met
 ``exempt-user``/``-account``/``-partition``/``-qos``, ``on-idle-notify``, ``non-batch``,
 ``no-requeue``, ``cap-reached``, ``output-not-append``, ``on-idle-downgrade``, ``idle``.
 A heterogeneous job's components are judged one by one and then together (``het-job``):
-the job is requeued through its leader only when every component is idle and qualifies.
+the job is requeued, held or cancelled through its leader only when every component would
+get that same action on its own; a component is never acted on alone.
 
 ``on-idle=downgrade`` (the user's opt-in, from the hook's decision record) turns the last
 rule into a downgrade: ``requeuehold Incomplete``, ``scontrol update`` of the request to the
@@ -40,14 +41,15 @@ from hetslurm.act import notify as notifier
 from hetslurm.act.log import ActionLog
 from hetslurm.act.output_mode import OutputProbe
 from hetslurm.errors import HetslurmError
-from hetslurm.site.schema import Stall, Usage
+from hetslurm.site.schema import Collector, Stall, Usage
 from hetslurm.slurm.backend import JobInfo, NotFoundError, SlurmBackend
 from hetslurm.slurm.units import GresItem, parse_gres
 
 #: Actions that change a job; each needs a matured warning first.
 CHANGING = ("requeue", "requeue_hold", "cancel", "downgrade")
-#: Actions that requeue (a het job qualifies only with one of these planned everywhere).
-REQUEUING = ("requeue", "requeue_hold")
+#: Changing actions Slurm applies to a whole het job when given its leader's id (a het job
+#: is never downgraded).
+THROUGH_LEADER = ("requeue", "requeue_hold", "cancel")
 #: Rules whose jobs are not idle (or not judged): summarised per run, not logged one by one.
 QUIET_RULES = ("in-grace", "not-idle")
 
@@ -56,7 +58,14 @@ _RECORD = re.compile(r"(?:^|\s)([a-z][a-z0-9_-]{0,31}):(\{[^{}]*\})")
 
 @dataclass(frozen=True)
 class Evidence:
-    """What the samples of one job said over the window (``None``: no known sample)."""
+    """What the samples of one job said over the window (``None``: no known sample).
+
+    ``expected_samples`` is what the allocation gives at the collector's configured interval
+    (``[collector] interval_s``); ``gpus`` the allocated GPUs, ``covered_gpus`` those with
+    samples for at least ``[usage] min_coverage`` of the window (idle needs all of them),
+    counted only when every sample was known and below the thresholds (else 0: the window
+    was decided without it).
+    """
 
     window_start: float
     window_end: float
@@ -67,6 +76,8 @@ class Evidence:
     max_util_pct: float | None
     max_memory_mib: float | None
     idle: bool
+    gpus: int = 0
+    covered_gpus: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,7 +108,7 @@ class Component:
     job: str
     job_id: int
     name: str
-    restarts: int
+    restarts: int | None
     start: float | None
     evidence: Evidence | None = None
 
@@ -120,7 +131,8 @@ class Decision:
     gpus: int
     gpu_model: str | None
     state: str
-    restarts: int
+    #: None: Slurm did not report it (such a job is never requeued, see ``restarts-unknown``).
+    restarts: int | None
     start: float | None
     rule: str
     planned: str
@@ -154,8 +166,8 @@ class Decision:
         if self.downgrade is not None:
             return self.downgrade.describe()
         if self.components:
-            return (f"requeue het job {self.target} ({len(self.components)} components) "
-                    "through its leader")
+            return (f"{self.planned} het job {self.target} ({len(self.components)} "
+                    "components) through its leader")
         return None
 
     def to_dict(self) -> dict[str, Any]:
@@ -208,20 +220,47 @@ def job_gpus(job: JobInfo) -> tuple[int, str | None]:
     return n, model
 
 
+def allocated_devices(job: JobInfo) -> list[tuple[str, int]] | None:
+    """The (node, Slurm GRES index) of every GPU the job holds; None when Slurm did not
+    name the indices of some of them (then only their number can be checked)."""
+    out: list[tuple[str, int]] = []
+    for node, items in job.allocated_gres.items():
+        for it in items:
+            if it.name != "gpu":
+                continue
+            if it.indices is None or len(it.indices) != it.count:
+                return None
+            out.extend((node, i) for i in it.indices)
+    return out
+
+
 def idle_evidence(jobs: Sequence[JobInfo], samples: Any, usage: Usage, *, window_s: int,
-                  now: float) -> dict[int, Evidence]:
-    """Per job id, the audit's idle verdict over ``[now - window_s, now)`` and its numbers."""
+                  now: float, max_interval_s: float | None = None) -> dict[int, Evidence]:
+    """Per job id, the audit's idle verdict over ``[now - window_s, now)`` and its numbers.
+
+    The verdict is :func:`hetslurm.audit.tables.judge_windows` over each job's allocated
+    devices (from Slurm): every one must be reported for ``min_coverage`` of the window.
+    ``max_interval_s``: the most one sample may stand for (``[collector] interval_s``).
+    """
     import numpy as np
     import pandas as pd
 
-    from hetslurm.audit.tables import idle_jobs, per_job, prepare_jobs, prepare_samples
+    from hetslurm.audit.tables import (
+        interval_cap,
+        judge_windows,
+        prepare_jobs,
+        prepare_samples,
+    )
+
+    cap = interval_cap(None) if max_interval_s is None else max_interval_s
 
     since = now - window_s
     w_usage = usage.model_copy(update={"idle_window_s": window_s})
     rows = []
     for j in jobs:
         gpus, model = job_gpus(j)
-        rows.append({"job_id": j.job_id, "run": j.restarts, "gpus": gpus,
+        # One row per job here, so "run" (which run is the last) only needs to be a number.
+        rows.append({"job_id": j.job_id, "run": j.restarts or 0, "gpus": gpus,
                      "start": _epoch(j), "end": np.nan, "user": j.user or "",
                      "account": j.account or "", "partition": j.partition or "",
                      "gpu_model": model or "", "nodes": ",".join(j.nodes)})
@@ -230,16 +269,24 @@ def idle_evidence(jobs: Sequence[JobInfo], samples: Any, usage: Usage, *, window
     frame = frame.astype({"job_id": "int64", "run": "int64", "gpus": "int64",
                           "start": "float64", "end": "float64"})
     jf = prepare_jobs(frame, since, now, now)
-    need = {"time", "job_id", "utilization_pct", "memory_used_mib", "status", "interval_s"}
+    need = {"time", "node", "job_id", "utilization_pct", "memory_used_mib", "status",
+            "interval_s"}
     if samples is None or len(samples) == 0 or not need <= set(samples.columns):
         s = None
     else:
         s = prepare_samples(samples.copy(), w_usage, since, now)
         s = s[s["held"]]
-    idle_ids: set[int] = set()
+    judged: dict[int, tuple[bool, int]] = {}
     if s is not None and len(s) and len(jf):
-        idle = idle_jobs(jf, s, per_job(s), w_usage)
-        idle_ids = {int(x) for x in idle["job_id"].tolist()}
+        allocated = {j.job_id: devs for j in jobs
+                     if (devs := allocated_devices(j)) is not None}
+        # Coverage only where it decides (every sample known and below the thresholds):
+        # counting devices of a busy job's window would cost most of the run.
+        _, w = judge_windows(jf, s, w_usage, max_interval_s=cap, allocated=allocated)
+        # One window per job here (its run inside [since, now) is at most window_s long);
+        # the first, should a run shorter than one interval make two.
+        for row in w.sort_values(["job_id", "k"]).groupby("job_id").head(1).itertuples():
+            judged[int(row.job_id)] = (bool(row.idle), int(row.covered_gpus))
     out: dict[int, Evidence] = {}
     stats: dict[int, dict[str, Any]] = {}
     if s is not None and len(s):
@@ -251,7 +298,6 @@ def idle_evidence(jobs: Sequence[JobInfo], samples: Any, usage: Usage, *, window
             "max": util.groupby(s["job_id"].astype("int64")).max(),
             "mem": s["memory_used_mib"].astype("float64").groupby(
                 s["job_id"].astype("int64")).max(),
-            "interval": g["interval_s"].median(),
         })
         stats = {int(k): v for k, v in stats_frame.to_dict("index").items()}
     for j in jobs:
@@ -262,13 +308,13 @@ def idle_evidence(jobs: Sequence[JobInfo], samples: Any, usage: Usage, *, window
             v = st.get(key)
             return None if v is None or (isinstance(v, float) and v != v) else float(v)
 
-        interval = num("interval")
+        idle, covered = judged.get(j.job_id, (False, 0))
         out[j.job_id] = Evidence(
             window_start=since, window_end=now, samples=int(st.get("n", 0)),
             known_samples=int(st.get("known", 0)),
-            expected_samples=(window_s / interval * gpus) if interval else 0.0,
+            expected_samples=window_s / cap * gpus,
             mean_util_pct=num("mean"), max_util_pct=num("max"), max_memory_mib=num("mem"),
-            idle=j.job_id in idle_ids)
+            idle=idle, gpus=gpus, covered_gpus=covered)
     return out
 
 
@@ -356,6 +402,9 @@ class Context:
     modify_exempt_uids: tuple[int, ...] = (0,)
     #: The uid this run acts as (the hook judges ``scontrol update`` by it).
     uid: int = field(default_factory=os.geteuid)
+    #: The most seconds one sample may stand for: ``[collector] interval_s`` (a sample's own
+    #: ``interval_s`` is capped at it, so a forged one cannot cover a window alone).
+    max_interval_s: float = field(default_factory=lambda: float(Collector().interval_s))
 
     @property
     def window_s(self) -> int:
@@ -520,9 +569,12 @@ def verdict(job: JobInfo, ev: Evidence | None, ctx: Context, now: float,
                      "sample(s) in the window: unknown is never idle")
         if ev is None or ev.samples == 0:
             return v("unknown-metrics", "none", "no samples in the window")
-        if ev.max_util_pct is not None and ev.max_util_pct < ctx.usage.idle_threshold_pct:
-            return v("unknown-metrics", "none", f"{ev.known_samples} known sample(s) of "
-                     f"{ev.expected_samples:.0f} expected: coverage too low")
+        if (ev.max_util_pct is not None and ev.max_util_pct < ctx.usage.idle_threshold_pct
+                and ev.covered_gpus < ev.gpus):
+            return v("unknown-metrics", "none", f"{ev.covered_gpus} of {ev.gpus} allocated "
+                     f"GPU(s) reported for {ctx.usage.min_coverage:.0%} of the window "
+                     f"({ev.known_samples} known sample(s) of {ev.expected_samples:.0f} "
+                     "expected): unknown is never idle")
         return v("not-idle", "none", "busy in the window")
     for rule, value, listed in (("exempt-user", job.user, st.exempt_users),
                                 ("exempt-account", job.account, st.exempt_accounts),
@@ -532,6 +584,12 @@ def verdict(job: JobInfo, ev: Evidence | None, ctx: Context, now: float,
             return v(rule, "none", f"{value} is exempt")
     if on_idle == "notify":
         return v("on-idle-notify", "notify", "the job asked on-idle=notify")
+    if job.restarts is None:
+        # A missing count read as 0 would pass the cap for a job requeued many times over;
+        # a warning is tied to a run by the count too, so no changing action is possible.
+        return v("restarts-unknown", "none", "Slurm did not report the job's restart count: "
+                 f"the requeue cap ({st.max_requeues}) and the run a warning names cannot "
+                 "be checked")
     if not job.batch:
         return v("non-batch", st.non_batch_action, "interactive job: Slurm cannot requeue it")
     if not job.requeue or "no-requeue" in str(rec.get("req", "")).split():
@@ -569,10 +627,12 @@ def judge(job: JobInfo, ev: Evidence | None, ctx: Context, now: float,
     return x.rule, x.planned, x.reason, x.on_idle, x.output_mode
 
 
-def _warnings(log: ActionLog | None, now: float) -> dict[tuple[int, int], float]:
+def _warnings(log: ActionLog | None, now: float) -> dict[tuple[int, int | None], float]:
     """Latest warning time (the run's clock) per (job id, restarts); the log's reader has
-    skipped warnings dated after ``now``, which would otherwise mask an earlier one."""
-    out: dict[tuple[int, int], float] = {}
+    skipped warnings dated after ``now``, which would otherwise mask an earlier one.
+
+    A warning logged without a restart count names no run, so it never matures."""
+    out: dict[tuple[int, int | None], float] = {}
     if log is None:
         return out
     for e in log.entries("warning", now=now):
@@ -599,22 +659,33 @@ def gate(planned: str, warned_at: float | None, ctx: Context, now: float) -> str
 
 def _het_verdicts(members: Sequence[JobInfo], own: Mapping[int, Verdict],
                   ctx: Context) -> dict[int, Verdict]:
-    """Het components judged together: the job is requeued through its leader only when
-    every component runs, holds GPUs, and on its own would be requeued (rule ``idle``).
+    """Het components judged together: the job is acted on through its leader only when
+    every component runs, holds GPUs, and on its own would get the same changing action
+    (:data:`CHANGING`: requeued as ``idle``, cancelled as ``non-batch``, held as
+    ``cap-reached``).
 
+    A component is never acted on alone: Slurm refuses to requeue a component's own id,
+    and from 24.11 cancelling component 0 cancels the whole het job, busy components too.
     A component without GPUs has no samples, and unknown is never idle. When one component
-    blocks, the idle ones are notified (``het-job``); the others keep their own rule.
+    blocks, every component that would have been acted on is notified (``het-job``); the
+    others keep their own rule.
     """
     het_id = members[0].het_job_id
     blockers: list[str] = []
+    actions: set[str] = set()
     for m in sorted(members, key=lambda m: m.het_job_offset or 0):
         mine = own.get(m.job_id)
         if m.state != "RUNNING":
             blockers.append(f"{m.display_id} is {m.state}")
         elif mine is None:
             blockers.append(f"{m.display_id} holds no GPU: unknown is never idle")
-        elif mine.rule != "idle" or mine.planned not in REQUEUING:
+        elif mine.planned not in THROUGH_LEADER:
             blockers.append(f"{m.display_id} is {mine.rule}")
+        else:
+            actions.add(mine.planned)
+    if len(actions) > 1:
+        blockers.append("the components would get different actions "
+                        f"({', '.join(sorted(actions))})")
     leader = next((m for m in members if m.job_id == het_id), None)
     if leader is None:
         blockers.append(f"the leader {het_id} is not listed")
@@ -631,7 +702,7 @@ def _het_verdicts(members: Sequence[JobInfo], own: Mapping[int, Verdict],
             else:
                 out[m.job_id] = replace(mine, rule="het-job", planned="none",
                                         reason=f"acted on through the leader {het_id}")
-        elif mine.rule == "idle" or mine.planned == "downgrade":
+        elif mine.rule == "idle" or mine.planned in CHANGING:
             out[m.job_id] = replace(
                 mine, rule="het-job", planned="notify", downgrade=None,
                 reason="idle, but a het job is requeued only when every component "
@@ -648,7 +719,8 @@ def plan(backend: SlurmBackend, samples: Any, ctx: Context, *, now: float | None
     now = time.time() if now is None else now
     listed = list(backend.jobs() if jobs is None else jobs)
     running = [j for j in listed if j.state == "RUNNING" and job_gpus(j)[0] > 0]
-    evidence = idle_evidence(running, samples, ctx.usage, window_s=ctx.window_s, now=now)
+    evidence = idle_evidence(running, samples, ctx.usage, window_s=ctx.window_s, now=now,
+                             max_interval_s=ctx.max_interval_s)
     warned = _warnings(log, now)
     own = {j.job_id: verdict(j, evidence.get(j.job_id), ctx, now, output_probe)
            for j in running}
@@ -666,7 +738,7 @@ def plan(backend: SlurmBackend, samples: Any, ctx: Context, *, now: float | None
         gpus, model = job_gpus(j)
         target: str | None = None
         components: tuple[Component, ...] = ()
-        if x.rule == "het-job" and x.planned in REQUEUING and j.het_job_id:
+        if x.rule == "het-job" and x.planned in THROUGH_LEADER and j.het_job_id:
             target = str(j.het_job_id)
             components = tuple(
                 Component(m.display_id, m.job_id, m.name, m.restarts, _epoch(m),
@@ -706,7 +778,7 @@ def _held(j: JobInfo) -> bool:
     return "held" in (j.reason or "").lower() or j.state in _HELD_STATES
 
 
-def _wait_for(backend: SlurmBackend, ref: str, restarts_before: int, want: str,
+def _wait_for(backend: SlurmBackend, ref: str, restarts_before: int | None, want: str,
               timeout: float, sleep: Callable[[float], None]) -> tuple[bool, str]:
     """Read Slurm back until ``ref`` shows ``want`` or ``timeout`` passes.
 
@@ -722,7 +794,9 @@ def _wait_for(backend: SlurmBackend, ref: str, restarts_before: int, want: str,
         except NotFoundError:
             return False, "job vanished after the action"
         seen = f"state {j.state}, restarts {j.restarts}, reason {j.reason}"
-        raised = j.restarts > restarts_before
+        # An unknown count (before or now) never shows a requeue happened.
+        raised = (j.restarts is not None and restarts_before is not None
+                  and j.restarts > restarts_before)
         if want == "cancel":
             if j.state == "CANCELLED":
                 return True, seen
@@ -766,11 +840,12 @@ def execute(backend: SlurmBackend, decisions: Sequence[Decision], ctx: Context,
     """Log every decision and carry out the non-quiet ones; never raises for one job."""
     now = time.time() if now is None else now
     st = ctx.stall
-    notified: set[tuple[int, int, str]] = set()
+    notified: set[tuple[int, int | None, str]] = set()
     for e in log.entries("notify", now=now):
         try:
             if e.get("ok"):
-                notified.add((int(e["job_id"]), int(e["restarts"]), str(e["rule"])))
+                r = e["restarts"]  # null: Slurm did not report the count then
+                notified.add((int(e["job_id"]), None if r is None else int(r), str(e["rule"])))
         except (KeyError, TypeError, ValueError):
             continue  # a malformed entry is not evidence of a notice
     outcomes: list[Outcome] = []
@@ -852,7 +927,7 @@ def _recheck(backend: SlurmBackend, d: Decision, ctx: Context, now: float,
             why = _changed(c, comp)
             if why is None:
                 own = verdict(comp, c.evidence, ctx, now, output_probe)
-                if (own.rule, own.planned) != ("idle", d.planned):
+                if own.planned != d.planned:
                     why = f"the rule is now {own.rule} -> {own.planned}"
             if why is not None:
                 return f"component {c.job}: {why}"

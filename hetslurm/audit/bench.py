@@ -32,8 +32,9 @@ DAYS = 30
 Log = Callable[[str], None]
 
 
-def _site_toml(nodes: int) -> str:
-    return gpu_site_toml(nodes, "synth")
+def _site_toml(nodes: int, interval_s: float = 60.0) -> str:
+    # The collector's interval is what one sample may stand for in the idle rule.
+    return gpu_site_toml(nodes, "synth", extra=f"[collector]\ninterval_s = {interval_s}\n")
 
 
 def synthetic_site(nodes: int) -> Site:
@@ -172,7 +173,7 @@ def bench_synthetic(jobs: int = 1_000_000, samples: int = 10_000_000, nodes: int
         gen_s = time.perf_counter() - t0
         _release_memory()
         site_file = root / "site.toml"
-        site_file.write_text(_site_toml(nodes))
+        site_file.write_text(_site_toml(nodes, made["interval_s"]))
         log("running the audit")
         # peakrss runs the CLI and reports the audit's own peak memory (see its docstring:
         # ru_maxrss of a child would include this process's size when it was spawned).

@@ -26,8 +26,9 @@ import msgspec
 
 from hetslurm.errors import HetslurmError, MetricsError
 from hetslurm.site.model import Site
+from hetslurm.slurm.parse import TESTED_JSON_PLUGINS, json_data_parser, json_plugin
 from hetslurm.slurm.run import run_command
-from hetslurm.slurm.units import expand_hostlist
+from hetslurm.slurm.units import NO_VAL, expand_hostlist
 
 SACCT_TIMEOUT_S = 600.0
 JOB_COLUMNS = ("job_id", "run", "name", "user", "account", "partition", "state", "submit",
@@ -114,6 +115,7 @@ class _Job(msgspec.Struct, gc=False):
 
 class _Document(msgspec.Struct):
     jobs: list[msgspec.Raw] | None = None
+    meta: Any = None
 
 
 def split_sacct_jobs(text: str | bytes) -> list[msgspec.Raw]:
@@ -130,12 +132,22 @@ def split_sacct_jobs(text: str | bytes) -> list[msgspec.Raw]:
         doc = msgspec.json.decode(text, type=_Document)
     except msgspec.ValidationError as exc:
         raise MetricsError(f"sacct output has no 'jobs' array ({exc})") from exc
+    except RecursionError as exc:
+        raise MetricsError("sacct output is nested too deeply to read") from exc
     except msgspec.DecodeError as exc:
         if "truncated" in str(exc):
             raise MetricsError("sacct output ends in the middle of the document") from exc
         raise MetricsError(f"sacct output is not valid JSON: {exc}") from exc
     if doc.jobs is None:
         raise MetricsError("sacct output has no 'jobs' array")
+    meta = {"meta": doc.meta}
+    for name in (json_plugin(meta), json_data_parser(meta)):
+        # A newer Slurm's records differ in shape and meaning (states as lists, times as
+        # objects): refused whole rather than misread record by record.
+        if name is not None and name not in TESTED_JSON_PLUGINS:
+            raise MetricsError(f"sacct output is schema {name[:80]!r}, which hetslurm does "
+                               f"not read (it reads {', '.join(sorted(TESTED_JSON_PLUGINS))}"
+                               ": Slurm 22.05)")
     return doc.jobs
 
 
@@ -250,8 +262,11 @@ class _Columns:
                             {"job_id": "int64", "gpus": "int64", "typed": "bool"}
                             .get(c, "float64")))
             del parts
-            if c in _TIMES and c != "elapsed":
-                arr = np.where(arr > 0, arr, np.nan)  # sacct --json: 0 is "not yet"
+            if c in _TIMES:
+                # sacct --json: 0 is "not yet" (an elapsed time may be 0); NO_VAL and
+                # above are Slurm's "no value"/"unlimited", never a time.
+                ok = (arr > 0) if c != "elapsed" else (arr >= 0)
+                arr = np.where(ok & (arr < NO_VAL), arr, np.nan)
             if c in _CATEGORIES:
                 cats = list(self.labels[c])
                 # Sorted categories, as astype("category") makes them.
@@ -308,7 +323,7 @@ def _decode_jobs(raws: list[msgspec.Raw], site: Site | None, res: SacctResult) -
             if wc is None:
                 wc = class_of[ckey] = job_class(site, partition, admin, jcomment)
         except (msgspec.MsgspecError, ArithmeticError, AttributeError, KeyError, TypeError,
-                ValueError) as exc:
+                ValueError, RecursionError) as exc:
             res.skipped += 1
             if len(res.problems) < MAX_LISTED_PROBLEMS:
                 res.problems.append(f"sacct record {n} skipped: {exc}")

@@ -10,7 +10,10 @@ Definitions (docs/metrics-and-audit.md, ``[usage]`` in the site file):
   ``idle_threshold_pct`` while a job held the GPU;
 * a job is *idle* when, in some window of ``idle_window_s`` (its whole run when shorter),
   every sample of every GPU is known and below ``idle_threshold_pct`` (and below
-  ``idle_memory_mib`` when set), with at least ``min_coverage`` of the expected samples;
+  ``idle_memory_mib`` when set), and *every allocated GPU* (node, Slurm index) has samples
+  for at least ``min_coverage`` of the window's wall time: each distinct instant of a
+  device once, for its ``interval_s`` capped at ``[collector] interval_s``. A GPU with no
+  rows (its node's collector down, a device unreported) is unknown (:func:`judge_windows`);
 * wait = start - eligible, per run (``sacct --duplicates`` gives a requeued job a row per
   start).
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -186,12 +190,13 @@ def by_gpu_model(j: Any, s: Any, pj: Any) -> Any:
     return pd.DataFrame(out).sort_values("gpu_model").reset_index(drop=True)
 
 
-def _windows(jid: Any, k: Any, cols: dict[str, Any]) -> Any:
+def _windows(jid: Any, k: Any, cols: dict[str, Any]) -> tuple[Any, Any]:
     """Per (job_id, k) window of samples: known and all samples, highest utilization and
-    memory, the window's length (first) and median interval; what
-    ``frame.groupby(["job_id", "k"])`` gives. Every one of these is exact whatever the
-    order of the additions, so when the pair fits in one integer they come from numpy on
-    that key, sorted, rather than from hashing ten million pairs with a float."""
+    memory, and the window's length (first); what ``frame.groupby(["job_id", "k"])``
+    gives, with each row's window (its position in that frame; -1 for a NaN ``k``).
+    Every one of these is exact whatever the order of the additions, so when the pair fits
+    in one integer they come from numpy on that key, sorted, rather than from hashing ten
+    million pairs with a float."""
     import numpy as np
     import pandas as pd
 
@@ -206,10 +211,10 @@ def _windows(jid: Any, k: Any, cols: dict[str, Any]) -> Any:
     if key is None:
         frame = pd.DataFrame({"job_id": jid, "k": k, **cols})
         g = frame.groupby(["job_id", "k"])
-        return pd.DataFrame({
+        out = pd.DataFrame({
             "n_known": g["known"].sum(), "n": g.size(), "max_util": g["util"].max(),
-            "max_mem": g["mem"].max(), "win": g["win"].first(),
-            "interval": g["interval"].median()}).reset_index()
+            "max_mem": g["mem"].max(), "win": g["win"].first()}).reset_index()
+        return out, g.ngroup().fillna(-1).to_numpy(dtype=np.int64)
     order = np.argsort(key, kind="stable")
     key.sort(kind="stable")
     new = np.empty(len(key), dtype=bool)
@@ -220,28 +225,19 @@ def _windows(jid: Any, k: Any, cols: dict[str, Any]) -> Any:
     gk = key[starts]
     del key
     ends = np.append(starts[1:], len(order))
+    group = np.empty(len(order), dtype=np.int64)
+    group[order] = np.repeat(np.arange(len(starts), dtype=np.int64), ends - starts)
     known = np.cumsum(cols["known"][order], dtype=np.int64)
     n_known = known[ends - 1] - np.where(starts > 0, known[starts - 1], 0)
     del known
-    interval = cols["interval"][order]
-    lo_i = np.fmin.reduceat(interval, starts)
-    hi_i = np.fmax.reduceat(interval, starts)
-    median = lo_i.copy()  # the median of equal values is that value
-    mixed = ~((lo_i == hi_i) | (np.isnan(lo_i) & np.isnan(hi_i)))
-    if mixed.any():
-        group = np.repeat(np.arange(len(starts)), ends - starts)
-        rows = mixed[group]
-        median[mixed] = pd.Series(interval[rows]).groupby(group[rows]).median().to_numpy()
-        del group, rows
-    del interval
     w = pd.DataFrame({
         "job_id": (gk >> kbits) + lo, "k": (gk & ((1 << kbits) - 1)).astype("float64"),
         "n_known": n_known, "n": (ends - starts).astype(np.int64),
         "max_util": np.fmax.reduceat(cols["util"][order], starts),
         "max_mem": np.fmax.reduceat(cols["mem"][order], starts),
-        "win": cols["win"][order[starts]], "interval": median,
+        "win": cols["win"][order[starts]],
     })
-    return w
+    return w, group
 
 
 def _float64_at(col: Any, sel: Any) -> Any:
@@ -254,53 +250,155 @@ def _float64_at(col: Any, sel: Any) -> Any:
     return col.to_numpy(dtype="float64", na_value=np.nan)[sel]
 
 
-def idle_jobs(j: Any, s: Any, pj: Any, usage: Usage) -> Any:
+def interval_cap(site: Site | None) -> float:
+    """The most seconds one sample may stand for: the site's ``[collector] interval_s``
+    (what the collectors are configured to take), the schema's default without a site."""
+    from hetslurm.site.schema import Collector
+
+    conf = site.sections.get("collector") if site is not None else None
+    return float(getattr(conf, "interval_s", None) or Collector().interval_s)
+
+
+def capped_interval(interval: Any, cap: float) -> Any:
+    """Seconds each sample stands for, as float64: its own ``interval_s`` within
+    ``[0, cap]`` (missing or NaN: 0). A sample states its own interval, and a forged or
+    broken one (``interval_s = 1e6``) must not cover a window by itself."""
+    import numpy as np
+
+    out = np.array(interval, dtype=np.float64)
+    np.nan_to_num(out, copy=False, nan=0.0, posinf=cap, neginf=0.0)
+    np.clip(out, 0.0, cap, out=out)
+    return out
+
+
+def device_codes(node: Any, slurm_index: Any) -> tuple[Any, dict[str, int]]:
+    """One integer per sample naming its device, ``(node code << 16) | Slurm GRES index``
+    (-1 when the sample names no node or no index: it covers no device), and each node
+    name's code. ``node`` is a label column, ``slurm_index`` a column or None."""
+    import numpy as np
+
+    codes, names = _str_codes(node)
+    if slurm_index is None:
+        return np.full(len(codes), -1, dtype=np.int64), {n: i for i, n in enumerate(names)}
+    idx = slurm_index.to_numpy(dtype="float64", na_value=np.nan)
+    ok = (codes >= 0) & np.isfinite(idx) & (idx >= 0) & (idx < 1 << 16)
+    out = np.where(ok, (codes << 16) | np.where(ok, idx, 0).astype(np.int64), -1)
+    return out, {n: i for i, n in enumerate(names)}
+
+
+def device_coverage(group: Any, dev: Any, time: Any, weight: Any) -> Any:
+    """Seconds of each (group, device) covered by its samples: every distinct sample
+    instant of the device counted once (duplicated rows, as a compaction interrupted
+    between its write and its clean-up leaves, do not count twice), for its capped
+    interval (the largest, when copies differ). Rows with ``dev < 0`` cover nothing.
+
+    Returns a Series indexed by ``(g, dev)``."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"g": group, "dev": dev, "t": time, "w": weight})
+    frame = frame[frame["dev"] >= 0]
+    per_instant = frame.groupby(["g", "dev", "t"], sort=False)["w"].max()
+    return per_instant.groupby(level=["g", "dev"]).sum()
+
+
+def judge_windows(j: Any, s: Any, usage: Usage, *, max_interval_s: float,
+                  allocated: Mapping[int, Collection[tuple[str, int]]] | None = None,
+                  every_window: bool = False) -> tuple[Any, Any]:
+    """The idle rule over every window of every job run in ``j`` with held samples in ``s``.
+
+    Returns ``(last, w)``: the last run of each job (indexed by job id) and one row per
+    (job_id, k) window with ``n_known``, ``n``, ``max_util``, ``max_mem``, ``win`` (its
+    wall time), ``gpus`` (allocated), ``covered_gpus`` (allocated devices with samples for
+    at least ``min_coverage`` of ``win``) and ``idle``. Coverage is judged per device
+    (node, Slurm GRES index) against the window's wall time: a sample stands for its own
+    ``interval_s`` capped at ``max_interval_s`` (:func:`capped_interval`), each instant of
+    a device once (:func:`device_coverage`); a device with no rows covers nothing, so a
+    job with an unreported node or GPU is never idle (unknown is never idle).
+
+    ``allocated`` (job id -> its (node, index) pairs, as ``act`` reads them from Slurm)
+    limits coverage to those devices; without it (sacct has no indices) the distinct
+    devices the job's samples name count. ``covered_gpus`` is computed for the windows
+    whose samples are all known and below the thresholds (the only ones it can decide),
+    or for every window with ``every_window``.
+    """
     import numpy as np
     import pandas as pd
 
-    cols = ["job_id", "user", "account", "partition", "gpu_model", "gpus", "nodes",
-            "idle_from", "idle_window_s", "max_util_pct", "allocated_gpu_hours",
-            "used_gpu_hours"]
+    wcols = ["job_id", "k", "n_known", "n", "max_util", "max_mem", "win", "gpus",
+             "covered_gpus", "idle"]
+    empty = pd.DataFrame(columns=wcols)
     if j.empty or s.empty:
-        return pd.DataFrame(columns=cols)
+        return j.iloc[:0].set_index("job_id"), empty
     last = j.sort_values("run").groupby("job_id").tail(1).set_index("job_id")
     # The held samples of jobs in sacct, as arrays (no copy of the frame's other columns).
     sel = (s["held"] & s["job_id"].isin(last.index)).to_numpy(dtype=bool)
     if not sel.any():
-        return pd.DataFrame(columns=cols)
+        return last, empty
     jid = s["job_id"].to_numpy(dtype="int64", na_value=0)[sel]
     at = last.index.get_indexer(jid)
     start = last["run_start"].to_numpy()[at]
     dur = (last["run_end"] - last["run_start"]).to_numpy()[at]
     del at
-    interval = s["interval_s"].to_numpy()[sel]
+    interval = capped_interval(s["interval_s"].to_numpy()[sel], max_interval_s)
     # In place where the arrays are ours: ten million rows a column, each fresh array is
     # 80 MB of new pages for the kernel to map and zero.
     win = np.maximum(dur, interval, out=dur)
     np.minimum(win, float(usage.idle_window_s), out=win)
-    k = s["time"].to_numpy(dtype="float64")[sel]
-    k -= start
+    t = s["time"].to_numpy(dtype="float64")[sel]
+    k = t - start
     k /= win
     np.floor(k, out=k)
     del start, dur
     keep = k >= 0
-    arrays = {"win": win, "interval": interval, "known": s["known"].to_numpy()[sel],
+    arrays = {"win": win, "known": s["known"].to_numpy()[sel],
               "util": _float64_at(s["utilization_pct"], sel),
               "mem": _float64_at(s["memory_used_mib"], sel)}
-    del win, interval, sel
+    del win
+    rows = np.flatnonzero(sel)
+    del sel
     if not keep.all():
-        jid, k = jid[keep], k[keep]
+        jid, k, t, interval, rows = jid[keep], k[keep], t[keep], interval[keep], rows[keep]
         arrays = {c: v[keep] for c, v in arrays.items()}
     del keep
-    w = _windows(jid, k, arrays)
-    del jid, k, arrays
-    gpus = last["gpus"].reindex(w["job_id"].to_numpy()).to_numpy()
-    expected = w["win"] / w["interval"] * gpus
-    ok = ((w["n_known"] == w["n"]) & (w["n_known"] >= usage.min_coverage * expected)
-          & (w["max_util"] < usage.idle_threshold_pct))
+    w, group = _windows(jid, k, arrays)
+    del k, arrays
+    w["gpus"] = last["gpus"].reindex(w["job_id"].to_numpy()).to_numpy(dtype=np.int64)
+    judged = ((w["n_known"] == w["n"]) & (w["max_util"] < usage.idle_threshold_pct)
+              & (w["gpus"] > 0))
     if usage.idle_memory_mib is not None:
-        ok &= w["max_mem"] < usage.idle_memory_mib
-    hit = w[ok].sort_values(["job_id", "k"]).groupby("job_id").head(1)
+        judged &= w["max_mem"] < usage.idle_memory_mib
+    want = np.ones(len(w), dtype=bool) if every_window else judged.to_numpy()
+    pick = np.flatnonzero(want[group] if len(group) else np.zeros(0, dtype=bool))
+    dev, node_code = device_codes(s["node"].iloc[rows[pick]],
+                                  s["slurm_index"].iloc[rows[pick]]
+                                  if "slurm_index" in s.columns else None)
+    if allocated is not None and len(pick):
+        allowed = [(jid_, (node_code[n] << 16) | i) for jid_, devs in allocated.items()
+                   for n, i in devs if n in node_code and 0 <= i < 1 << 16]
+        mine = pd.MultiIndex.from_arrays([jid[pick], dev]).isin(allowed)
+        dev = np.where(mine, dev, -1)
+    cov = device_coverage(group[pick], dev, t[pick], interval[pick])
+    g_of = cov.index.get_level_values("g").to_numpy(dtype=np.int64)
+    enough = cov.to_numpy() >= usage.min_coverage * w["win"].to_numpy()[g_of]
+    w["covered_gpus"] = np.bincount(g_of[enough], minlength=len(w)).astype(np.int64)
+    w["idle"] = judged & (w["covered_gpus"] >= w["gpus"])
+    return last, w[wcols]
+
+
+def idle_jobs(j: Any, s: Any, pj: Any, usage: Usage, *,
+              max_interval_s: float | None = None) -> Any:
+    """Jobs with an idle window (:func:`judge_windows`), the first such window each.
+
+    ``max_interval_s``: the most one sample may stand for (default: the schema's
+    ``[collector] interval_s``)."""
+    import pandas as pd
+
+    cols = ["job_id", "user", "account", "partition", "gpu_model", "gpus", "nodes",
+            "idle_from", "idle_window_s", "max_util_pct", "allocated_gpu_hours",
+            "used_gpu_hours"]
+    cap = interval_cap(None) if max_interval_s is None else max_interval_s
+    last, w = judge_windows(j, s, usage, max_interval_s=cap)
+    hit = w[w["idle"].astype(bool)].sort_values(["job_id", "k"]).groupby("job_id").head(1)
     if hit.empty:
         return pd.DataFrame(columns=cols)
     out = last.loc[hit["job_id"].to_numpy()].reset_index()
@@ -683,7 +781,7 @@ def audit(jobs: Any, samples: Any, site: Site | None, *, since: float, until: fl
                       ("user", "by_user"), ("wclass", "by_class")):
         tables[name] = _summary(j, pj, key)
     tables["by_class"] = tables["by_class"].rename(columns={"wclass": "class"})
-    tables["idle_jobs"] = idle_jobs(j, s, pj, usage)
+    tables["idle_jobs"] = idle_jobs(j, s, pj, usage, max_interval_s=interval_cap(site))
     tables["wait"] = wait(jobs, since, until).rename(columns={"wclass": "class"})
     tables["fragmentation"] = fragmentation(s)
     tables["right_size"] = right_size(j, pj, site, usage)

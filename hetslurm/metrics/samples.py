@@ -48,6 +48,23 @@ COLUMNS: dict[str, str] = {
 CATEGORICAL = ("node", "uuid", "gpu_model", "job_gpus", "status")
 
 
+def value_bounds() -> dict[str, tuple[float, float]]:
+    """The closed range of every numeric reading a collector can write (null aside: NVML
+    gave none). NaN and infinities fall outside every range. ``interval_s`` is positive
+    and at most ``[collector] interval_s``'s maximum, read from the schema so the two
+    cannot drift (the class itself may run faster than the schema's minimum: tests do)."""
+    from hetslurm.site.schema import Collector
+
+    meta = Collector.model_fields["interval_s"].metadata
+    lo = 1e-3  # a millisecond: times are stored to the millisecond
+    hi = float(next(m.le for m in meta if hasattr(m, "le")))
+    # Sizes, power and energy have no natural ceiling, but a finite one: inf is no reading.
+    big = float(2**63)
+    return {"utilization_pct": (0.0, 100.0), "memory_used_mib": (0.0, big),
+            "memory_total_mib": (0.0, big), "power_w": (0.0, big), "energy_j": (0.0, big),
+            "interval_s": (lo, hi)}
+
+
 @dataclass(frozen=True)
 class GpuReading:
     """What NVML says about one device at one instant (None: not supported / unknown)."""

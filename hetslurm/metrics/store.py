@@ -14,7 +14,9 @@ duplicate samples (same node, minor and time).
 
 Readers refuse, and count, segments that are symlinks, not regular files, owned by an
 untrusted user, writable by others, unreadable (truncated, corrupt) or forged (wrong
-columns, samples of another node, or times outside the name's range). Refusals make a read
+columns, samples of another node, times outside the name's range, or readings
+no collector writes: NaN, infinite, negative, utilization over 100, an interval outside
+``[collector] interval_s``'s range). Refusals make a read
 *partial*; nothing refused is deleted.
 
 The folders are checked too (:mod:`hetslurm.fsguard`), by writers and readers alike: a root,
@@ -49,7 +51,7 @@ from typing import Any
 
 from hetslurm import fsguard
 from hetslurm.errors import MetricsError
-from hetslurm.metrics.samples import CATEGORICAL, COLUMNS, arrow_schema
+from hetslurm.metrics.samples import CATEGORICAL, COLUMNS, arrow_schema, value_bounds
 from hetslurm.site.names import NODE_RE
 
 _SEG_RE = re.compile(r"^(seg|cmp)-(\d+)-(\d+)-([A-Za-z0-9_.-]+)\.parquet$")
@@ -560,7 +562,8 @@ def _forgery(table: Any, seg: Segment) -> tuple[str | None, float, float]:
     times = np.asarray(table.column("time").to_numpy())  # nulls become NaN
     first, last = float(times.min()), float(times.max())  # NaN if any is
     if math.isnan(first):
-        # Nulls or NaN: the range of the other samples, as Arrow computes it.
+        # Nulls or NaN: the range of the other samples, as Arrow computes it (a windowed
+        # read drops the timeless rows; so does every judgement of a window).
         bounds = pc.min_max(table.column("time"))
         lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
     else:
@@ -568,7 +571,42 @@ def _forgery(table: Any, seg: Segment) -> tuple[str | None, float, float]:
     if (lo is None or not (math.isfinite(lo) and math.isfinite(hi))  # all NaN, or infinite
             or _ms(lo) < _ms(seg.t0) or _ms(hi) > _ms(seg.t1)):
         return f"sample times {lo}..{hi} lie outside the name's range", nan, nan
+    wrong = _out_of_range(table)
+    if wrong:
+        return wrong, nan, nan
     return None, first, last
+
+
+@functools.cache
+def _bounds() -> dict[str, tuple[float, float]]:
+    return value_bounds()
+
+
+def _out_of_range(table: Any) -> str | None:
+    """The first reading no collector writes (NaN, infinite, negative, a utilization over
+    100, an interval outside ``[collector] interval_s``'s range), named with its column;
+    None when every value read is in range. Nulls are allowed (NVML gave no value)."""
+    import numpy as np
+
+    names = table.schema.names  # one list, not one per column looked up
+    for name, (lo, hi) in _bounds().items():
+        if name not in names:
+            continue
+        col = table.column(names.index(name))
+        nulls = col.null_count
+        if nulls == len(col):
+            continue
+        a = col.to_numpy()  # nulls read as NaN: told apart from real NaN by their count
+        # fmin/fmax skip NaN; a NaN that is not a null is counted on its own.
+        if (np.fmin.reduce(a) >= lo and np.fmax.reduce(a) <= hi
+                and np.count_nonzero(np.isnan(a)) == nulls):
+            continue
+        valid = np.ones(len(a), dtype=bool)
+        if nulls:
+            valid = col.is_valid().to_numpy(zero_copy_only=False)
+        bad = a[valid & ~((a >= lo) & (a <= hi))][0]
+        return f"column {name} holds {float(bad)!r}, outside [{lo:g}, {hi:g}]"
+    return None
 
 
 def _overlapping(ranges: dict[str, list[tuple[float, float]]]) -> bool:

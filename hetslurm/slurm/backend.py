@@ -155,7 +155,8 @@ class JobInfo(_ToDict):
     to the CPU ids the job holds there (``scontrol show job -d``'s ``CPU_IDs=``, Slurm's
     core-major numbering: CPU = core x threads per core + thread), empty when the source does
     not say (``squeue --json`` alone, pyslurm, the fake).
-    ``time_limit`` is seconds or UNLIMITED.
+    ``time_limit`` is seconds or UNLIMITED. ``restarts`` is None when Slurm's output did
+    not give it (a job built in code, such as the fake's, starts at 0).
     """
 
     job_id: int
@@ -182,7 +183,9 @@ class JobInfo(_ToDict):
     start_time: datetime | None = None
     end_time: datetime | None = None
     time_limit: Limit = None
-    restarts: int = 0
+    #: Slurm's restart count (``Restarts=``/``restart_cnt``); None when the source did not
+    #: say. Unknown is never read as 0: the requeue cap cannot be checked against it.
+    restarts: int | None = 0
     batch: bool = True
     requeue: bool = True
     comment: str | None = None

@@ -267,7 +267,7 @@ class FakeSlurm(SlurmBackend):
         self._stop(jid, "PENDING", "BeginTime")
         self._jobs[jid] = replace(
             self._jobs[jid],
-            restarts=job.restarts + 1,
+            restarts=(job.restarts or 0) + 1,
             nodes=(),
             allocated_gres={},
             start_time=None,

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any, NoReturn, TypeVar
 
 from hetslurm.errors import BackendError
 from hetslurm.slurm import units
@@ -23,6 +24,11 @@ from hetslurm.slurm.units import GresItem
 
 #: JSON plugin versions these parsers were checked against.
 TESTED_JSON_PLUGINS = frozenset({"openapi/v0.0.38", "openapi/dbv0.0.38"})
+
+_T = TypeVar("_T")
+#: The latest time a Slurm record can hold as a time (epoch seconds): larger values are
+#: sentinels (NO_VAL and above) or garbage, and datetime cannot hold most of them.
+_MAX_EPOCH = units.NO_VAL - 1
 
 # A key in `scontrol show ... -o` output: a word that follows whitespace and precedes '='.
 # Values may hold spaces (Comment=, Reason=, OS=) and '=' (TRES=cpu=1,...), so a value runs
@@ -33,26 +39,137 @@ _REASON_SUFFIX_RE = re.compile(r"\s*\[[^\[\]@]*@[^\[\]]*\]\s*$")
 
 
 # ------------------------------------------------------------------------ JSON documents
-def load_json_document(text: str, *, what: str) -> dict[str, Any]:
-    """Parse a ``--json`` document and refuse one whose ``errors`` list is not empty."""
+def load_json_document(text: str | bytes, *, what: str) -> dict[str, Any]:
+    """Parse a ``--json`` document; refuse one that is not a JSON object, whose ``errors``
+    list is not empty, or that declares a schema these parsers were not checked against
+    (:data:`TESTED_JSON_PLUGINS`; a document that declares none is read as 22.05's)."""
+    if isinstance(text, bytes):
+        # Slurm prints a job's name and comments as the user gave them: not always UTF-8.
+        text = text.decode("utf-8", errors="replace")
     try:
         doc = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except RecursionError as exc:
+        raise BackendError(f"{what} printed JSON nested too deeply to read") from exc
+    except ValueError as exc:  # JSONDecodeError, and integers past Python's digit limit
         raise BackendError(f"{what} did not print JSON: {exc}") from exc
     if not isinstance(doc, dict):
         raise BackendError(f"{what} printed JSON that is not an object")
     errors = doc.get("errors") or []
     if errors:
-        raise BackendError(f"{what} reported errors: {errors}")
+        raise BackendError(f"{what} reported errors: {str(errors)[:500]}")
+    for name in (json_plugin(doc), json_data_parser(doc)):
+        if name is not None and name not in TESTED_JSON_PLUGINS:
+            raise BackendError(
+                f"{what} printed schema {name[:80]!r}, which hetslurm does not read (it "
+                f"reads {', '.join(sorted(TESTED_JSON_PLUGINS))}: Slurm 22.05)")
     return doc
+
+
+def _meta_plugin(doc: Mapping[str, Any], key: str) -> str | None:
+    meta = doc.get("meta")
+    plugin = meta.get("plugin") if isinstance(meta, Mapping) else None
+    value = plugin.get(key) if isinstance(plugin, Mapping) else None
+    return str(value) if value else None
 
 
 def json_plugin(doc: Mapping[str, Any]) -> str | None:
     """The ``meta.plugin.type`` of a ``--json`` document (``openapi/v0.0.38`` on 22.05)."""
-    meta = doc.get("meta") or {}
-    plugin = meta.get("plugin") or {}
-    value = plugin.get("type")
-    return str(value) if value else None
+    return _meta_plugin(doc, "type")
+
+
+def json_data_parser(doc: Mapping[str, Any]) -> str | None:
+    """The ``meta.plugin.data_parser`` (Slurm 23.02 and later, ``data_parser/v0.0.39``...);
+    22.05 prints none."""
+    return _meta_plugin(doc, "data_parser")
+
+
+class _Record:
+    """Typed reads of one JSON record's fields. Missing, ``null`` and Slurm's NO_VAL /
+    INFINITE sentinels are None (what the field's reader says they mean); a value of the
+    wrong type, out of range or unparseable is a :class:`BackendError` that names the
+    record and the field, never a raw ``ValueError``/``TypeError`` from deeper down."""
+
+    def __init__(self, rec: Any, what: str) -> None:
+        if not isinstance(rec, Mapping):
+            raise BackendError(f"{what} is {type(rec).__name__}, not a JSON object")
+        self.rec = rec
+        self.what = what
+
+    def fail(self, key: str, why: str) -> NoReturn:
+        raise BackendError(f"{self.what}: field '{key}' {why}")
+
+    def _shown(self, key: str) -> str:
+        return repr(self.rec.get(key))[:60]
+
+    def uint(self, key: str, bits: int = 32) -> int | None:
+        """An unsigned count or id: sentinels and null give None."""
+        v = self.rec.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int):
+            self.fail(key, f"is {self._shown(key)}, not an integer")
+        if not 0 <= v < 2**bits:
+            self.fail(key, f"is {self._shown(key)}, outside 0..2^{bits}-1")
+        return units.int_or_none(v, bits)
+
+    def required_int(self, key: str) -> int:
+        v = self.uint(key)
+        if v is None:
+            self.fail(key, "is missing (or Slurm's 'no value')")
+        return v
+
+    def time(self, key: str) -> datetime | None:
+        """An epoch time: 0, null and sentinels give None."""
+        v = self.rec.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int):
+            self.fail(key, f"is {self._shown(key)}, not an epoch time")
+        if v < 0 or (v > _MAX_EPOCH and v not in (units.NO_VAL, units.INFINITE,
+                                                 units.NO_VAL64, units.INFINITE64)):
+            self.fail(key, f"is {self._shown(key)}, not an epoch time")
+        return units.from_epoch(v)
+
+    def string(self, key: str) -> str | None:
+        v = self.rec.get(key)
+        if v is None or isinstance(v, str):
+            return v
+        self.fail(key, f"is {self._shown(key)}, not a string")
+
+    def text(self, key: str) -> str | None:
+        """A string with Slurm's placeholders (``(null)``, ``N/A``...) as None."""
+        return units.text_or_none(self.string(key))
+
+    def flag(self, key: str, default: bool) -> bool:
+        v = self.rec.get(key)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            self.fail(key, f"is {self._shown(key)}, not true or false")
+        return v
+
+    def strings(self, key: str) -> list[str]:
+        v = self.rec.get(key)
+        if v is None:
+            return []
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            self.fail(key, f"is {self._shown(key)}, not a list of strings")
+        return v
+
+    def records(self, key: str) -> list[Any]:
+        v = self.rec.get(key)
+        if v is None:
+            return []
+        if not isinstance(v, list):
+            self.fail(key, f"is {self._shown(key)}, not a list")
+        return v
+
+    def parsed(self, key: str, fn: Callable[[str | None], _T]) -> _T:
+        """``fn`` of the field's string; its ValueError names the field."""
+        try:
+            return fn(self.string(key))
+        except ValueError as exc:
+            self.fail(key, f"cannot be read: {str(exc)[:120]}")
 
 
 def _split_list(text: str | None) -> tuple[str, ...]:
@@ -111,31 +228,48 @@ def parse_node_state(text: str) -> frozenset[str]:
     return frozenset(out)
 
 
-def parse_sinfo_json(text: str) -> list[NodeInfo]:
+def parse_sinfo_json(text: str | bytes) -> list[NodeInfo]:
     """Nodes from ``sinfo --json`` (22.05: one entry per node, filters ignored)."""
     doc = load_json_document(text, what="sinfo --json")
     out = []
-    for n in doc.get("nodes") or []:
-        state = {str(n.get("state", "unknown")).upper()}
-        state.update(str(f).upper() for f in n.get("state_flags") or [])
+    for i, raw in enumerate(_document_list(doc, "nodes", "sinfo --json")):
+        n = _Record(raw, f"sinfo --json node {i}")
+        name = n.text("name")
+        if name is None:
+            n.fail("name", "is missing")
+        n.what = f"sinfo --json node {name[:60]!r}"
+        state = {(n.string("state") or "unknown").upper()}
+        state.update(f.upper() for f in n.strings("state_flags"))
+        gres, gres_used = n.string("gres"), n.string("gres_used")
+        n.parsed("gres", units.parse_gres)
+        n.parsed("gres_used", units.parse_gres)
         out.append(
             _node_from_parts(
-                name=n["name"],
+                name=name,
                 state=frozenset(state),
-                reason=units.text_or_none(n.get("reason")),
-                features=n.get("features"),
-                active_features=n.get("active_features"),
-                weight=n.get("weight"),
-                cpus_total=n.get("cpus"),
-                cpus_alloc=n.get("alloc_cpus"),
-                memory_total=n.get("real_memory"),
-                memory_alloc=n.get("alloc_memory"),
-                partitions=n.get("partitions") or (),
-                gres=n.get("gres"),
-                gres_used=n.get("gres_used"),
+                reason=n.text("reason"),
+                features=n.string("features"),
+                active_features=n.string("active_features"),
+                weight=n.uint("weight"),
+                cpus_total=n.uint("cpus"),
+                cpus_alloc=n.uint("alloc_cpus"),
+                memory_total=n.uint("real_memory", 64),
+                memory_alloc=n.uint("alloc_memory", 64),
+                partitions=n.strings("partitions"),
+                gres=gres,
+                gres_used=gres_used,
             )
         )
     return out
+
+
+def _document_list(doc: Mapping[str, Any], key: str, what: str) -> list[Any]:
+    value = doc.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise BackendError(f"{what}: '{key}' is {type(value).__name__}, not a list")
+    return value
 
 
 def _tres_items(value: str | None) -> tuple[GresItem, ...]:
@@ -147,60 +281,72 @@ def _tres_items(value: str | None) -> tuple[GresItem, ...]:
     return units.parse_gres(",".join(parts)) if parts else ()
 
 
-def _json_job(j: Mapping[str, Any]) -> JobInfo:
-    array_job_id = units.int_or_none(j.get("array_job_id"))
-    array_task = j.get("array_task_id")
-    het_job_id = units.int_or_none(j.get("het_job_id"))
-    nodes = units.expand_hostlist(j.get("nodes"))
+def _json_job(raw: Any, pos: int = 0) -> JobInfo:
+    j = _Record(raw, f"squeue --json job {pos}")
+    job_id = j.required_int("job_id")
+    j.what = f"squeue --json job {job_id}"
+    array_job_id = j.uint("array_job_id")
+    het_job_id = j.uint("het_job_id")
+    nodes = j.parsed("nodes", units.expand_hostlist)
     allocated: dict[str, tuple[GresItem, ...]] = {}
-    detail = j.get("gres_detail") or []
+    resources = j.rec.get("job_resources")
+    if resources is not None and not isinstance(resources, Mapping):
+        j.fail("job_resources", f"is {j._shown('job_resources')}, not an object")
     alloc_nodes = [
-        a.get("nodename") for a in (j.get("job_resources") or {}).get("allocated_nodes") or []
+        _Record(a, f"{j.what} job_resources.allocated_nodes[{i}]").text("nodename")
+        for i, a in enumerate(_Record(resources or {}, j.what).records("allocated_nodes"))
     ]
     # gres_detail has one entry per allocated node, in the order of job_resources'
     # allocated_nodes; `scontrol show job -d` names the nodes explicitly and is preferred
     # by the CLI backend.
-    for i, entry in enumerate(detail):
+    for i, entry in enumerate(j.strings("gres_detail")):
         node = alloc_nodes[i] if i < len(alloc_nodes) else (nodes[i] if i < len(nodes) else None)
-        items = tuple(it for it in units.parse_gres(entry) if it.count)
+        try:
+            items = tuple(it for it in units.parse_gres(entry) if it.count)
+        except ValueError as exc:
+            j.fail("gres_detail", f"cannot be read: {str(exc)[:120]}")
         if node and items:
             allocated[node] = items
-    limit = units.minutes_limit(j.get("time_limit"))
+    limit_min = j.uint("time_limit")
+    # null is unlimited here (see units.minutes_limit); so is INFINITE, and NO_VAL unknown.
+    raw_limit = j.rec.get("time_limit")
+    limit = units.minutes_limit(raw_limit if limit_min is None else limit_min)
     return JobInfo(
-        job_id=int(j["job_id"]),
-        name=j.get("name") or "",
-        user=units.text_or_none(j.get("user_name")),
-        account=units.text_or_none(j.get("account")),
-        partition=units.text_or_none(j.get("partition")),
-        qos=units.text_or_none(j.get("qos")),
-        state=str(j.get("job_state") or "UNKNOWN").upper(),
-        reason=units.text_or_none(j.get("state_reason")),
+        job_id=job_id,
+        name=j.string("name") or "",
+        user=j.text("user_name"),
+        account=j.text("account"),
+        partition=j.text("partition"),
+        qos=j.text("qos"),
+        state=(j.string("job_state") or "UNKNOWN").upper(),
+        reason=j.text("state_reason"),
         array_job_id=array_job_id or None,
-        array_task_id=units.int_or_none(array_task) if array_job_id else None,
-        array_task_spec=units.text_or_none(j.get("array_task_string")),
+        array_task_id=j.uint("array_task_id") if array_job_id else None,
+        array_task_spec=j.text("array_task_string"),
         het_job_id=het_job_id or None,
-        het_job_offset=units.int_or_none(j.get("het_job_offset")) if het_job_id else None,
-        tres_per_node=_tres_items(j.get("tres_per_node")),
-        tres_per_job=_tres_items(j.get("tres_per_job")),
-        tres_per_task=_tres_items(j.get("tres_per_task")),
+        het_job_offset=j.uint("het_job_offset") if het_job_id else None,
+        tres_per_node=j.parsed("tres_per_node", _tres_items),
+        tres_per_job=j.parsed("tres_per_job", _tres_items),
+        tres_per_task=j.parsed("tres_per_task", _tres_items),
         allocated_gres=allocated,
         nodes=nodes,
-        submit_time=units.from_epoch(j.get("submit_time")),
-        eligible_time=units.from_epoch(j.get("eligible_time")),
-        start_time=units.from_epoch(j.get("start_time")),
-        end_time=units.from_epoch(j.get("end_time")),
+        submit_time=j.time("submit_time"),
+        eligible_time=j.time("eligible_time"),
+        start_time=j.time("start_time"),
+        end_time=j.time("end_time"),
         time_limit=limit,
-        restarts=units.int_or_none(j.get("restart_cnt")) or 0,
-        batch=bool(j.get("batch_flag", True)),
-        requeue=bool(j.get("requeue", True)),
-        comment=units.text_or_none(j.get("comment")),
-        admin_comment=units.text_or_none(j.get("admin_comment")),
-        features=units.text_or_none(j.get("features")),
-        prefer=units.text_or_none(j.get("prefer")),
+        # Missing or a sentinel is unknown, not 0: a 0 would pass the requeue cap unchecked.
+        restarts=j.uint("restart_cnt"),
+        batch=j.flag("batch_flag", True),
+        requeue=j.flag("requeue", True),
+        comment=j.text("comment"),
+        admin_comment=j.text("admin_comment"),
+        features=j.text("features"),
+        prefer=j.text("prefer"),
     )
 
 
-def parse_squeue_json(text: str) -> list[JobInfo]:
+def parse_squeue_json(text: str | bytes) -> list[JobInfo]:
     """Jobs from ``squeue --json`` (22.05: every job the controller holds, any state)."""
     return parse_squeue_json_checked(text)[0]
 
@@ -210,7 +356,7 @@ _FREE_TEXT = ("name", "comment", "admin_comment", "command", "current_working_di
               "standard_output", "standard_error", "standard_input")
 
 
-def parse_squeue_json_checked(text: str) -> tuple[list[JobInfo], set[int]]:
+def parse_squeue_json_checked(text: str | bytes) -> tuple[list[JobInfo], set[int]]:
     """Jobs from ``squeue --json``, and the ids of jobs whose free text (name, comments,
     command, paths) holds a line break or ``Key=`` text naming a field the parser reads.
 
@@ -219,13 +365,13 @@ def parse_squeue_json_checked(text: str) -> tuple[list[JobInfo], set[int]]:
     must not be trusted (see :func:`trusted_details`).
     """
     doc = load_json_document(text, what="squeue --json")
-    raw = doc.get("jobs") or []
+    raw = _document_list(doc, "jobs", "squeue --json")
+    jobs = [_json_job(j, i) for i, j in enumerate(raw)]
     risky = {
-        int(j["job_id"]) for j in raw
-        if isinstance(j, Mapping) and "job_id" in j and any(
-            isinstance(j.get(k), str) and _could_forge(j[k]) for k in _FREE_TEXT)
+        job.job_id for job, j in zip(jobs, raw, strict=True)
+        if any(isinstance(j.get(k), str) and _could_forge(j[k]) for k in _FREE_TEXT)
     }
-    return [_json_job(j) for j in raw], risky
+    return jobs, risky
 
 
 #: The keys of a ``scontrol show job -d -o`` line that :func:`parse_scontrol_jobs` reads.
@@ -428,7 +574,7 @@ def parse_scontrol_jobs(text: str) -> list[JobInfo]:
                 start_time=units.parse_datetime(_first(rec, "StartTime")),
                 end_time=units.parse_datetime(_first(rec, "EndTime")),
                 time_limit=units.time_seconds(_first(rec, "TimeLimit")),
-                restarts=_int(_first(rec, "Restarts")) or 0,
+                restarts=_int(_first(rec, "Restarts")),
                 batch=_first(rec, "BatchFlag") != "0",
                 requeue=_first(rec, "Requeue") != "0",
                 comment=units.text_or_none(_first(rec, "Comment")),

@@ -70,6 +70,9 @@ def run_command(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # Slurm prints job names and comments as users wrote them, not always UTF-8:
+            # an undecodable byte becomes U+FFFD rather than an exception in every caller.
+            errors="replace",
             env=dict(env) if env is not None else None,
             cwd=cwd,
             # Own process group, so a timeout can take down the children too.

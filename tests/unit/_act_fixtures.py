@@ -51,14 +51,16 @@ def samples(util: Mapping[int, float | None], gpus: Mapping[int, int] | None = N
     while t < end:
         for jid, u in util.items():
             for g in range((gpus or {}).get(jid, 2)):
-                rows.append({"time": t, "node": f"n{jid % 4}", "minor": g, "job_id": jid,
+                rows.append({"time": t, "node": f"n{jid % 4}", "minor": g,
+                             "slurm_index": g, "job_id": jid,
                              "utilization_pct": u, "memory_used_mib": 100.0,
                              "status": status if u is not None else "lost",
                              "interval_s": INTERVAL})
         t += INTERVAL
-    frame = pd.DataFrame(rows, columns=["time", "node", "minor", "job_id", "utilization_pct",
-                                        "memory_used_mib", "status", "interval_s"])
-    return frame.astype({"job_id": "Int64", "utilization_pct": "float32",
+    frame = pd.DataFrame(rows, columns=["time", "node", "minor", "slurm_index", "job_id",
+                                        "utilization_pct", "memory_used_mib", "status",
+                                        "interval_s"])
+    return frame.astype({"job_id": "Int64", "slurm_index": "Int64", "utilization_pct": "float32",
                          "memory_used_mib": "float32"})
 
 

@@ -27,7 +27,7 @@ def test_dry_run_warn_then_requeue(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         t = now - 2 * 3600
         while t < now:
             for g in range(2):
-                rows.append({"time": round(t, 3), "node": f"n{jid}", "minor": g,
+                rows.append({"time": round(t, 3), "node": f"n{jid}", "minor": g, "slurm_index": g,
                              "job_id": jid, "utilization_pct": util,
                              "memory_used_mib": 10.0, "status": "ok", "interval_s": INTERVAL})
             t += INTERVAL
@@ -85,7 +85,8 @@ def test_dry_run_shows_the_downgrade(tmp_path: Path, monkeypatch: pytest.MonkeyP
     t = now - 2 * 3600
     while t < now:
         for g in range(2):
-            rows.append({"time": round(t, 3), "node": "n1", "minor": g, "job_id": 1,
+            rows.append({"time": round(t, 3), "node": "n1", "minor": g, "slurm_index": g,
+                         "job_id": 1,
                          "utilization_pct": 0.0, "memory_used_mib": 10.0, "status": "ok",
                          "interval_s": INTERVAL})
         t += INTERVAL

@@ -129,7 +129,9 @@ def test_class_limits_the_models() -> None:
     on_a100 = {"n1": (GresItem("gpu", "a100", 2, (0, 1)),)}
     trained = h100_job(allocated_gres=on_a100, tres_per_node=(GresItem("gpu", "a100", 2),),
                        admin_comment=rec(set="admin_comment", **{"class": "train"}))
-    free = replace(trained, job_id=2, admin_comment=rec(set="admin_comment"))
+    # Job 2's samples come from n2 (the fixture's node for it): its allocation says so too.
+    free = replace(trained, job_id=2, admin_comment=rec(set="admin_comment"), nodes=("n2",),
+                   allocated_gres={"n2": on_a100["n1"]})
     d = {x.job: x for x in plan(cluster(trained, free), samples({1: 0.0, 2: 0.0}), c,
                                 now=NOW, output_probe=append_probe)}
     assert d["1"].planned == "notify" and "v100" in d["1"].reason
@@ -274,6 +276,19 @@ class HetFake(FakeSlurm):
         else:
             super().requeue(job_id, incomplete=incomplete)
 
+    def cancel(self, job_id: JobRef) -> None:
+        # scancel of the leader's id ends every component (on 24.11 and later, so does a
+        # cancel of component 0, which is why a component is never cancelled on its own).
+        self.calls = [*getattr(self, "calls", []), f"cancel {job_id}"]
+        jid = self._resolve(job_id)
+        het = self._jobs[jid].het_job_id
+        if het and str(job_id) == str(het):
+            for j in list(self._jobs.values()):
+                if j.het_job_id == het:
+                    super().cancel(j.job_id)
+        else:
+            super().cancel(job_id)
+
 
 def het(leader: int, n: int, **kw: Any) -> list[JobInfo]:
     return [job(leader + k, het_job_id=leader, het_job_offset=k, **kw) for k in range(n)]
@@ -362,3 +377,45 @@ def test_a_job_still_held_after_the_release_is_not_done(tmp_path: Path) -> None:
     assert [(e["step"], e["result"]) for e in log.entries("action")][-1] == (
         "release", "not-requeued")
     assert not [e for e in log.entries("notify") if e["action"] == "downgrade"]
+
+
+# Issue 18, finding 4: an interactive (salloc) het job, or any changing action on a het
+# component, follows the every-component rule; a component is never acted on alone.
+@pytest.mark.parametrize(("kw", "stall", "planned"), [
+    ({"batch": False}, {"non_batch_action": "cancel"}, "cancel"),
+    ({"restarts": 2}, {"over_cap_action": "requeue_hold"}, "requeue_hold"),
+])
+def test_a_het_component_is_not_acted_on_while_another_is_busy(
+        tmp_path: Path, kw: dict, stall: dict, planned: str) -> None:
+    fake = HetFake(nodes=cluster().nodes(), jobs=het(10, 2, **kw))
+    log = ActionLog(tmp_path / "a.jsonl")
+    c = ctx(**stall)
+    warned(log, fake, [10, 11], planned)
+    d = {x.job: x for x in plan(fake, samples({10: 0.0, 11: 80.0}), c, now=NOW, log=log,
+                                output_probe=append_probe)}
+    assert (d["10+0"].rule, d["10+0"].planned, d["10+0"].action) == (
+        "het-job", "notify", "notify")
+    assert "10+1 is not-idle" in d["10+0"].reason
+    assert d["10+1"].planned == "none"
+    execute(fake, list(d.values()), c, log, now=NOW, output_probe=append_probe)
+    assert getattr(fake, "calls", []) == []
+    assert fake.job(10).state == "RUNNING" and fake.job(11).state == "RUNNING"
+
+
+def test_an_idle_interactive_het_job_is_cancelled_whole_through_its_leader(
+        tmp_path: Path) -> None:
+    fake = HetFake(nodes=cluster().nodes(), jobs=het(10, 2, batch=False))
+    log = ActionLog(tmp_path / "a.jsonl")
+    c = ctx(non_batch_action="cancel")
+    warned(log, fake, [10], "cancel")
+    d = {x.job: x for x in plan(fake, samples({10: 0.0, 11: 0.0}), c, now=NOW, log=log,
+                                output_probe=append_probe)}
+    assert (d["10+0"].rule, d["10+0"].planned, d["10+0"].action) == (
+        "het-job", "cancel", "cancel")
+    assert d["10+0"].target == "10" and [x.job for x in d["10+0"].components] == [
+        "10+0", "10+1"]
+    assert (d["10+1"].rule, d["10+1"].planned) == ("het-job", "none")
+    out = {o.job: o for o in execute(fake, list(d.values()), c, log, now=NOW,
+                                     output_probe=append_probe)}
+    assert out["10+0"].result == "done" and fake.calls == ["cancel 10"]
+    assert fake.job(10).state == "CANCELLED" and fake.job(11).state == "CANCELLED"

@@ -8,13 +8,16 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from _act_fixtures import HOUR, NOW, append_probe, cluster, ctx, job, samples
 
 from hetslurm.act.log import ActionLog
 from hetslurm.act.stall import execute, gate, plan
 from hetslurm.errors import BackendError
+from hetslurm.site.schema import Usage
 from hetslurm.slurm.fake import FakeSlurm
+from hetslurm.slurm.units import GresItem
 
 
 def rules(decisions: list) -> dict[str, tuple[str, str]]:
@@ -66,6 +69,11 @@ def test_low_coverage_is_not_idle() -> None:
     ({"restarts": 2}, {"over_cap_action": "requeue_hold"}, "cap-reached", "requeue_hold"),
     ({}, {"action": "requeue_hold"}, "idle", "requeue_hold"),
     ({}, {"action": "notify"}, "idle", "notify"),
+    # Issue 18, finding 7: an unknown restart count cannot be checked against the cap.
+    ({"restarts": None}, {}, "restarts-unknown", "none"),
+    ({"restarts": None}, {"over_cap_action": "requeue_hold"}, "restarts-unknown", "none"),
+    ({"restarts": None, "batch": False}, {"non_batch_action": "cancel"}, "restarts-unknown",
+     "none"),
 ])
 def test_rules_and_exemptions(kw: dict, stall: dict, rule: str, planned: str) -> None:
     fake = cluster(job(1, **kw))
@@ -312,3 +320,83 @@ def test_decision_record_with_two_markers_is_not_trusted() -> None:
     forged = 'hetslurm:{"v":1,"on_idle":"notify"} ' + honest.replace("notify", "requeue")
     assert decision_record(job(1, admin_comment=forged)) == {}
     assert decision_record(job(1, comment=forged), "comment") == {}
+
+
+def test_a_job_with_an_unknown_restart_count_is_never_requeued(tmp_path: Path) -> None:
+    # Issue 18, finding 7: even with a matured warning for it, nothing is done.
+    fake = cluster(job(1, restarts=None))
+    log = ActionLog(tmp_path / "a.jsonl")
+    log.append("warning", {"t": NOW - 3600, "job": "1", "job_id": 1, "restarts": None,
+                           "rule": "idle", "planned": "requeue"})
+    log.append("warning", {"t": NOW - 3600, "job": "1", "job_id": 1, "restarts": 0,
+                           "rule": "idle", "planned": "requeue"})
+    c = ctx()
+    d = plan(fake, samples({1: 0.0}), c, now=NOW, log=log, output_probe=append_probe)
+    assert (d[0].rule, d[0].planned, d[0].action) == ("restarts-unknown", "none", "none")
+    assert "restart count" in d[0].reason
+    execute(fake, d, c, log, now=NOW, output_probe=append_probe)
+    assert fake.job(1).state == "RUNNING"
+
+
+# Issue 18, finding 2: coverage is judged per allocated (node, GPU) against the window's
+# wall time; a device with no rows is unknown, and a sample's own interval_s is capped.
+def test_a_two_node_job_with_one_node_unreported_is_not_idle() -> None:
+    two = {"n1": (GresItem("gpu", "a100", 2, (0, 1)),),
+           "n2": (GresItem("gpu", "a100", 2, (0, 1)),)}
+    fake = cluster(job(1, nodes=("n1", "n2"), allocated_gres=two))
+    d = plan(fake, samples({1: 0.0}), ctx(), now=NOW, output_probe=append_probe)  # n1 only
+    assert (d[0].rule, d[0].planned) == ("unknown-metrics", "none")
+    assert "2 of 4 allocated GPU(s)" in d[0].reason
+    assert d[0].evidence is not None and not d[0].evidence.idle
+
+
+def test_an_eight_gpu_job_with_four_gpus_reported_is_not_idle() -> None:
+    d = plan(cluster(job(1, gpus=8)), samples({1: 0.0}, {1: 4}), ctx(), now=NOW,
+             output_probe=append_probe)
+    assert (d[0].rule, d[0].planned) == ("unknown-metrics", "none")
+    assert "4 of 8 allocated GPU(s)" in d[0].reason
+    full = plan(cluster(job(1, gpus=8)), samples({1: 0.0}, {1: 8}), ctx(), now=NOW,
+                output_probe=append_probe)
+    assert (full[0].rule, full[0].planned) == ("idle", "requeue")  # the honest idle job
+
+
+def test_samples_of_a_device_the_job_does_not_hold_cover_nothing() -> None:
+    # Rows naming job 1 on GPUs 2-3 (stale attribution) do not stand in for its GPUs 0-1.
+    s = samples({1: 0.0}, {1: 4})
+    s = s[s["slurm_index"] >= 2]
+    d = plan(cluster(job(1)), s, ctx(), now=NOW, output_probe=append_probe)
+    assert d[0].rule == "unknown-metrics"
+
+
+@pytest.mark.parametrize("claimed", [1e6, 3600.0, float("inf")])
+def test_a_sample_claiming_a_huge_interval_cannot_cover_the_window(claimed: float) -> None:
+    s = samples({1: 0.0}, start=NOW - 10, end=NOW - 9)  # one sample per GPU
+    s["interval_s"] = claimed
+    d = plan(cluster(job(1)), s, ctx(), now=NOW, output_probe=append_probe)
+    assert (d[0].rule, d[0].planned) == ("unknown-metrics", "none")
+
+
+def test_duplicated_rows_count_once() -> None:
+    # Every sample written four times (an interrupted compaction) over a third of the hour:
+    # still a third of the window, not four thirds.
+    s = samples({1: 0.0}, start=NOW - 1200)
+    s = pd.concat([s] * 4, ignore_index=True)
+    d = plan(cluster(job(1)), s, ctx(), now=NOW, output_probe=append_probe)
+    assert d[0].rule == "unknown-metrics"
+
+
+def test_the_interval_cap_comes_from_the_sites_collector() -> None:
+    from hetslurm.act.run import context_for
+    from hetslurm.site import load_site
+
+    demo = Path(__file__).resolve().parents[2] / "site-configs" / "demo.toml"
+    assert context_for(load_site(demo)).max_interval_s == 30.0
+    # Samples every 60 s against a 30 s collector count for half the window: exactly the
+    # default min_coverage; with 0.6 the same job is unknown.
+    s = samples({1: 0.0})
+    s = s[(s["time"] - s["time"].min()) % 60 == 0].copy()
+    s["interval_s"] = 60.0
+    assert plan(cluster(job(1)), s, ctx(), now=NOW, output_probe=append_probe)[0].rule == "idle"
+    strict = replace(ctx(), usage=Usage(min_coverage=0.6))
+    assert plan(cluster(job(1)), s, strict, now=NOW,
+                output_probe=append_probe)[0].rule == "unknown-metrics"

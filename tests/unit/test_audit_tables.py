@@ -245,3 +245,46 @@ def test_usage_and_collector_sections_are_strict() -> None:
         parse_site(base + "\n[usage]\nidle_windows_s = 3\n", "s.toml")
     with pytest.raises(ConfigError, match=r"collector\.nvml"):
         parse_site(base + "\n[collector]\nnvml = \"maybe\"\n", "s.toml")
+
+
+# Issue 18, finding 2: each allocated GPU must be reported for min_coverage of the window;
+# one with no rows is unknown, and unknown is never idle.
+def _idle_ids(site: Site, tmp_path: Path, sacct_job: dict[str, Any],
+              writes: dict[str, dict[int, tuple[int | None, str | None, float | None]]],
+              **rows_kw: Any) -> set[int]:
+    tmp_path.mkdir()
+    sacct = tmp_path / "sacct.json"
+    sacct.write_text(sacct_doc(sacct_job))
+    st = SegmentStore(tmp_path / "store")
+    for node, idx in writes.items():
+        rows = sample_rows(node, idx, T0, T0 + 100)
+        for r in rows:
+            r.update(rows_kw)
+        st.write(node, rows[:1] if "interval_s" in rows_kw else rows)
+    return set(_run(site, sacct, tmp_path / "store").tables["idle_jobs"]["job_id"])
+
+
+def test_a_two_node_job_with_one_collector_down_is_not_idle(site: Site, tmp_path: Path) -> None:
+    both = {"gpu1": {0: (1, "0", 0.0)}, "gpu2": {0: (1, "0", 0.0)}}
+    assert _idle_ids(site, tmp_path / "a", job(1, "gpu[1-2]", 2, T0, T0 + 100), both) == {1}
+    assert _idle_ids(site, tmp_path / "b", job(1, "gpu[1-2]", 2, T0, T0 + 100),
+                     {"gpu1": both["gpu1"]}) == set()
+
+
+def test_an_eight_gpu_job_with_four_reported_is_not_idle(site: Site, tmp_path: Path) -> None:
+    def gpus(n: int) -> dict[int, tuple[int | None, str | None, float | None]]:
+        return {i: (1, "0-7", 0.0) for i in range(n)}
+
+    assert _idle_ids(site, tmp_path / "a", job(1, "gpu1", 8, T0, T0 + 100),
+                     {"gpu1": gpus(8)}) == {1}
+    assert _idle_ids(site, tmp_path / "b", job(1, "gpu1", 8, T0, T0 + 100),
+                     {"gpu1": gpus(4)}) == set()
+
+
+def test_one_sample_claiming_a_huge_interval_covers_one_interval(site: Site,
+                                                                  tmp_path: Path) -> None:
+    # One sample per GPU claiming 10^6 s: the site's collector takes one every 30 s, so it
+    # stands for 30 s of a 100 s run at most.
+    assert _idle_ids(site, tmp_path / "a", job(1, "gpu1", 2, T0, T0 + 100),
+                     {"gpu1": {0: (1, "0-1", 0.0), 1: (1, "0-1", 0.0)}},
+                     interval_s=1e6) == set()

@@ -23,7 +23,8 @@ def rows(node: str, t0: float, n: int, minors: int = 2) -> list[dict[str, Any]]:
         for m in range(minors):
             r = dict.fromkeys(COLUMNS)
             r.update(time=t0 + k, node=node, minor=130 + m, slurm_index=m, status="ok",
-                     utilization_pct=float(10 * m + k), interval_s=1.0, attributed=True,
+                     utilization_pct=float((10 * m + k) % 101), interval_s=1.0,
+                     attributed=True,
                      clock_jump=False, job_id=5 if m == 0 else None)
             out.append(r)
     return out

@@ -56,7 +56,8 @@ def idle_samples(job_ids: dict[int, tuple[str, int]], now: float) -> Any:
     t = now - 3600.0
     while t < now:
         for jid, (node, minor) in job_ids.items():
-            rows.append({"time": t, "node": node, "minor": minor, "job_id": jid,
+            rows.append({"time": t, "node": node, "minor": minor, "slurm_index": minor,
+                         "job_id": jid,
                          "utilization_pct": 0.0, "memory_used_mib": 1.0, "status": "ok",
                          "interval_s": 30.0})
         t += 30.0

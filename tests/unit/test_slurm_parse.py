@@ -234,3 +234,18 @@ def test_scontrol_job_cpu_ids_one_group_per_node_set() -> None:
     assert job.gres_on("gpu3") == {("gpu", "h100"): (4, 5)}
     with pytest.raises(BackendError, match="CPU_IDs"):
         parse.parse_scontrol_jobs("JobId=22 Nodes=gpu1 CPU_IDs=zero GRES=")
+
+
+@pytest.mark.parametrize("raw", ["absent", None, 0xFFFFFFFE, 0xFFFFFFFF])
+def test_a_missing_restart_count_is_unknown_not_zero(raw: object) -> None:
+    # Issue 18, finding 7: read as 0, a missing count defeated the requeue cap.
+    doc = json.loads(read("squeue.json"))
+    for j in doc["jobs"]:
+        if raw == "absent":
+            j.pop("restart_cnt", None)
+        else:
+            j["restart_cnt"] = raw
+    assert {j.restarts for j in parse.parse_squeue_json(json.dumps(doc))} == {None}
+    line = read("scontrol_show_job_7_d_o.txt").replace("Restarts=0 ", "")
+    assert "Restarts=" not in line
+    assert [j.restarts for j in parse.parse_scontrol_jobs(line)] == [None]
