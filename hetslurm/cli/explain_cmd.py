@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import click
@@ -48,17 +47,21 @@ def explain_cmd(script: str | None, site_file: str | None, hook_file: str | None
     from hetslurm.hook.explain import JobOptions, explain
     from hetslurm.site import load_site
     from hetslurm.testbed.cluster import default_site
+    from hetslurm.textfile import read_text_file, read_text_stream
 
     text: str | None = None
+    # Scripts keep any bytes (Slurm passes them as bytes; the hook judges them); the size
+    # and regular-file checks still apply.
     if script == "-":
-        text = sys.stdin.read()
+        text = read_text_stream(sys.stdin.buffer, what="job script", label="<stdin>",
+                                errors="surrogateescape")
     elif script:
-        text = Path(script).read_text(errors="surrogateescape")
+        text = read_text_file(script, what="job script", errors="surrogateescape")
     site = load_site(site_file or default_site())
     opts = JobOptions(partition=partition, qos=qos, constraint=constraint, gres=gres,
                       gpus=gpus, gpus_per_task=gpus_per_task, nodes=nodes, mem=mem,
                       comment=comment, user=user)
-    hook_text = Path(hook_file).read_text() if hook_file else None
+    hook_text = read_text_file(hook_file, what="--hook file") if hook_file else None
     ex = explain(text, site, opts, hook_text=hook_text, state=state)
     doc = ex.to_dict()
     if output_format == "json":

@@ -82,13 +82,14 @@ def rebalance(site_file: str | None, apply_: bool, store: str | None, action_log
 def _lock_file(site_path: str) -> str:
     """``[rebalance] lock_file`` read straight from the TOML (validated later with the rest)."""
     import tomllib
-    from pathlib import Path
 
+    from hetslurm.errors import ConfigError
     from hetslurm.site.schema import Rebalance
+    from hetslurm.textfile import read_text_file
 
     try:
-        raw = tomllib.loads(Path(site_path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        raw = tomllib.loads(read_text_file(site_path, what="site file"))
+    except (ConfigError, tomllib.TOMLDecodeError):
         raw = {}
     section = raw.get("rebalance")
     value = section.get("lock_file") if isinstance(section, dict) else None

@@ -13,13 +13,13 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from hetslurm.errors import HetslurmError
 from hetslurm.hook import render as render_mod
 from hetslurm.hook.standin import HookRuntime
 from hetslurm.site.model import Site
+from hetslurm.textfile import MAX_DATA_BYTES, read_text_file
 
 _MEM = re.compile(r"^(\d+)([KMGT]?)$", re.I)
 _MEM_FACTOR = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1 << 20}
@@ -198,7 +198,14 @@ def explain(
         opts: sbatch options; the script's ``#SBATCH`` lines are read first.
         hook_text: An installed ``job_submit.lua`` to run instead of rendering one.
         state: ``None`` (an empty cluster), ``"live"`` or a ``hetslurm state dump`` file.
+
+    Raises:
+        ConfigError: The state file cannot be read as text (what it says is judged later,
+            and a placement that fails is a note, never fatal).
     """
+    state_text = None
+    if state is not None and state != "live":
+        state_text = read_text_file(state, what="state file", max_bytes=MAX_DATA_BYTES)
     base = sbatch_options(script) if script is not None else JobOptions()
     opts = base.merged(opts) if opts is not None else base
     text = hook_text if hook_text is not None else render_mod.render_hook(site).text
@@ -224,7 +231,7 @@ def explain(
         log=[f"{lvl}: {msg}" for lvl, msg in res.log] + ([res.error] if res.error else []),
     )
     if outcome == "rewritten":
-        _add_placement(ex, site, state)
+        _add_placement(ex, site, state, state_text)
     elif outcome == "unchanged":
         ex.placement_note = "no #HET request: the hook leaves the job to Slurm"
     return ex
@@ -237,7 +244,8 @@ def _request_text(record: str | None) -> str | None:
     return m.group(1) if m else None
 
 
-def _add_placement(ex: Explanation, site: Site, state: str | None) -> None:
+def _add_placement(ex: Explanation, site: Site, state: str | None,
+                   state_text: str | None) -> None:
     """Where ``hetslurm place`` would put the request now (read-only; never fatal)."""
     text = _request_text(ex.record)
     if text is None:
@@ -254,12 +262,12 @@ def _add_placement(ex: Explanation, site: Site, state: str | None) -> None:
         if state is not None:
             from hetslurm.placement.state import LiveState
 
-            if state == "live":
+            if state_text is None:
                 from hetslurm.slurm import get_backend
 
                 live = LiveState.from_backend(get_backend())
             else:
-                live = LiveState.from_json(Path(state).read_text())
+                live = LiveState.from_json(state_text)
             model = model.with_state(live)
         ex.placement = place(model, request).to_dict()
         ex.placement_note = f"placed the request '{text}' on " + (

@@ -26,6 +26,7 @@ from hetslurm.errors import ConfigError
 from hetslurm.hook import render as render_mod
 from hetslurm.hook.standin import HookLoadError, HookRuntime
 from hetslurm.site.model import Site
+from hetslurm.textfile import read_text_file
 
 HOOK_FILE = "job_submit.lua"
 
@@ -148,7 +149,8 @@ def set_installed_mode(conf_dir: str | Path, mode: str) -> InstallResult:
     target = Path(conf_dir) / HOOK_FILE
     if not target.exists():
         raise ConfigError(f"{target} does not exist; nothing to switch")
-    return install_text(render_mod.set_mode(target.read_text(), mode), conf_dir)
+    text = read_text_file(target, what="installed hook")
+    return install_text(render_mod.set_mode(text, mode), conf_dir)
 
 
 _LOAD_FAILED = re.compile(r"job_submit/lua.*(error|using previous script)|"

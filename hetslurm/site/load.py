@@ -30,6 +30,7 @@ from hetslurm.site.model import (
     place_devices,
 )
 from hetslurm.site.schema import SCHEMA_VERSION, SECTIONS, DeviceGroup, Levers, NodeClass, SiteFile
+from hetslurm.textfile import read_text_file
 
 MAX_NODES = 100_000
 _TIME_RE = re.compile(r"^(UNLIMITED|INFINITE|(\d+-)?\d+(:\d{1,2}){0,2})$")
@@ -71,15 +72,11 @@ def load_site(path: str | Path) -> Site:
     """Read, validate and resolve a site file.
 
     Raises:
-        ConfigError: the file is unreadable, not TOML, or breaks a rule; the message names
-            the file, key and line.
+        ConfigError: the file is unreadable, not UTF-8 text, not TOML, or breaks a rule; the
+            message names the file, key and line.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read site file: {exc.strerror}", file=str(p)) from exc
-    return parse_site(text, str(p))
+    return parse_site(read_text_file(p, what="site file"), str(p))
 
 
 def parse_site(text: str, path: str = "<site>") -> Site:
