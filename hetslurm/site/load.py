@@ -89,6 +89,11 @@ def parse_site(text: str, path: str = "<site>") -> Site:
         raise ConfigError(
             f"not valid TOML: {exc}", file=path, line=int(m.group(1)) if m else None
         ) from exc
+    except RecursionError as exc:
+        # tomllib parses nested arrays and inline tables recursively; a site file has no
+        # reason to nest more than a few levels.
+        raise ConfigError("not valid TOML: arrays or inline tables nested too deeply",
+                          file=path) from exc
 
     version = raw.get("schema_version")
     if version is None:
