@@ -162,7 +162,11 @@ cdef class PlacementCore:
     # Static layout (read-only numpy arrays owned by hetslurm.placement.model.ClusterModel).
     cdef readonly Py_ssize_t n_nodes
     cdef readonly Py_ssize_t n_gpu_models
+    cdef readonly Py_ssize_t n_fpga_models
     cdef readonly Py_ssize_t n_switches
+    # Set last by __init__: the Python entry points refuse a core whose arrays were never
+    # set or failed their checks (its memoryviews would be uninitialised).
+    cdef bint ready
     cdef readonly Py_ssize_t max_gpus
     cdef readonly Py_ssize_t max_numa
     cdef const int32_t[::1] cores_total
@@ -241,6 +245,11 @@ cdef class PlacementCore:
     cdef uint8_t[::1] mark
     cdef cand_t* cands
 
+    cdef int _check_ready(self, str fn) except -1
+    cdef int _check_request(
+        self, str fn, Py_ssize_t r, const int64_t[::1] req, const int32_t[::1] mrank,
+        const int32_t[::1] frank, const int64_t[::1] w,
+    ) except -1
     cdef void _index_insert(self, Py_ssize_t i) noexcept nogil
     cdef void _index_remove(self, Py_ssize_t i) noexcept nogil
     cdef int _eval(

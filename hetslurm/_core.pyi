@@ -1,6 +1,8 @@
 """Python signatures of the compiled placement core (see _core.pyx for the policy).
 
-The kernels trust their inputs; use :mod:`hetslurm.placement.gpus`, which validates.
+Every entry point checks the lengths, offsets and ids it indexes with and raises ValueError
+on a mismatch; values (0/1 flags, ranges, model names) are checked by
+:mod:`hetslurm.placement.gpus` and :mod:`hetslurm.placement.model`, the APIs to call.
 """
 
 from typing import Any
@@ -50,6 +52,8 @@ class PlacementCore:
     @property
     def n_gpu_models(self) -> int: ...
     @property
+    def n_fpga_models(self) -> int: ...
+    @property
     def n_switches(self) -> int: ...
     @property
     def max_gpus(self) -> int: ...
@@ -79,6 +83,7 @@ class PlacementCore:
         gpu_dyn_w: npt.NDArray[np.int32],
         fpga_dyn_w: npt.NDArray[np.int32],
         n_gpu_models: int,
+        n_fpga_models: int,
         available: npt.NDArray[np.uint8],
         gpu_free: npt.NDArray[np.uint8],
         fpga_free: npt.NDArray[np.uint8],

@@ -1,8 +1,15 @@
 """Placement kernels: the compiled core of hetslurm.placement.
 
-Pure functions over contiguous arrays. They trust their inputs: shapes, dtypes and ranges are
-checked once by ``hetslurm.placement.gpus``, which is the API to call. Compiler directives are
-set in ``setup.py`` only (``HETSLURM_DEBUG_BUILD=1`` turns bounds checking on).
+Pure functions over contiguous arrays. ``hetslurm.placement.gpus`` and
+``hetslurm.placement.model`` are the APIs to call: they check values (ranges, 0/1 flags, model
+names) and raise ``PlacementError``. The Python entry points here (``choose_gpus``,
+``choose_gpus_batch``, ``PlacementCore`` and its methods) are still reachable from Python, so
+each one checks, once per call and before it drops the GIL, every length, offset and id its
+loops index with, and raises ``ValueError`` naming the argument and both sizes: a short or
+mismatched buffer is an error, never a write past an allocation. The checks are O(1) per
+placement and O(size) where a core or batch is built; the ``noexcept nogil`` loops behind them
+trust what was checked. Compiler directives are set in ``setup.py`` only
+(``HETSLURM_DEBUG_BUILD=1`` turns bounds checking on).
 
 The in-node GPU choice
 ----------------------
@@ -52,6 +59,59 @@ TERM_BITS = SCORE_TERM_BITS
 
 # Number of per-GPU int32 scratch arrays GpuChooser slices out of one allocation.
 cdef Py_ssize_t _N_SCRATCH = 16
+# Largest GPU request, and most GPUs in one node, the score layout holds (see _core.pxd).
+cdef Py_ssize_t _MAX_REQUEST = 1 << 16
+cdef Py_ssize_t _MAX_NODE_GPUS = (1 << SCORE_TERM_BITS) - 1
+# Largest per-node count (nodes, GPUs, FPGAs, cores) a request may ask: the products the
+# entry points compare with buffer lengths (k * per-node count) then stay within int64.
+cdef int64_t _MAX_COUNT = (<int64_t>1) << 31
+
+
+# --- boundary checks --------------------------------------------------------------------------
+# Raised with the GIL, before a kernel runs; each names the entry point, the argument and both
+# sizes. They cost a comparison each when they pass.
+
+cdef int _exact(str fn, str name, Py_ssize_t have, Py_ssize_t want, str what) except -1:
+    if have != want:
+        raise ValueError(f"{fn}: {name} has {have} entries, expected {want} ({what})")
+    return 0
+
+
+cdef int _at_least(str fn, str name, Py_ssize_t have, Py_ssize_t want, str what) except -1:
+    if have < want:
+        raise ValueError(f"{fn}: {name} has {have} entries, needs at least {want} ({what})")
+    return 0
+
+
+cdef int _in_range(str fn, str name, int64_t value, int64_t low, int64_t high) except -1:
+    if value < low or value > high:
+        raise ValueError(f"{fn}: {name} is {value}, must be in [{low}, {high}]")
+    return 0
+
+
+cdef int _csr(str fn, str name, const int64_t[::1] off, Py_ssize_t n, Py_ssize_t total,
+              str what) except -1:
+    """Offsets of n rows over ``total`` entries: shape (n + 1,), 0 first, non-decreasing."""
+    cdef Py_ssize_t i
+    _exact(fn, name, off.shape[0], n + 1, "one more than the nodes")
+    if off[0] != 0 or off[n] != total:
+        raise ValueError(
+            f"{fn}: {name} must start at 0 and end at {total} ({what}), "
+            f"got {off[0]}..{off[n]}"
+        )
+    for i in range(n):
+        if off[i + 1] < off[i]:
+            raise ValueError(f"{fn}: {name} decreases at {i + 1}: {off[i]} then {off[i + 1]}")
+    return 0
+
+
+cdef int _flags(str fn, str name, const uint8_t[::1] flags) except -1:
+    """0/1 only: free counts summed from them index the free-capacity buckets."""
+    cdef Py_ssize_t j
+    for j in range(flags.shape[0]):
+        if flags[j] > 1:
+            raise ValueError(f"{fn}: {name}[{j}] is {flags[j]}, must be 0 or 1")
+    return 0
 
 
 cdef class GpuChooser:
@@ -345,15 +405,16 @@ cdef class GpuChooser:
 
 
 def choose_gpus(
-    const flag_t[::1] free,
-    const gid_t[::1] island,
-    const gid_t[::1] numa,
+    const flag_t[::1] free not None,
+    const gid_t[::1] island not None,
+    const gid_t[::1] numa not None,
     Py_ssize_t n,
-    gid_t[::1] out,
+    gid_t[::1] out not None,
 ):
     """Choose ``n`` GPUs in one node (policy and score in the module docstring).
 
-    Trusts its inputs; call ``hetslurm.placement.gpus.choose_gpus`` instead, which validates.
+    Checks lengths only (``ValueError``); call ``hetslurm.placement.gpus.choose_gpus``, which
+    also checks values and accepts lists.
 
     Args:
         free: shape (G,), uint8, C-contiguous; 1 = free, 0 = busy.
@@ -365,7 +426,14 @@ def choose_gpus(
 
     Returns:
         int: the packed score (lower is better), or -1 when fewer than ``n`` GPUs are free.
+
+    Raises:
+        ValueError: ``n`` out of range, ``island``/``numa`` not as long as ``free``, ``out``
+            shorter than ``n``, or more GPUs than the score layout holds.
     """
+    _check_node("choose_gpus", free.shape[0], island.shape[0], numa.shape[0], n)
+    _in_range("choose_gpus", "the node's GPU count", free.shape[0], 0, _MAX_NODE_GPUS)
+    _at_least("choose_gpus", "out", out.shape[0], n, "n")
     cdef GpuChooser chooser = GpuChooser(free.shape[0])
     cdef score_t score
     with nogil:
@@ -373,14 +441,23 @@ def choose_gpus(
     return score
 
 
+cdef int _check_node(str fn, Py_ssize_t g, Py_ssize_t n_island, Py_ssize_t n_numa,
+                     Py_ssize_t n) except -1:
+    """The per-GPU arrays of ``g`` GPUs agree, and ``n`` fits the score layout."""
+    _exact(fn, "island", n_island, g, "one per GPU in free")
+    _exact(fn, "numa", n_numa, g, "one per GPU in free")
+    _in_range(fn, "n", n, 1, _MAX_REQUEST)
+    return 0
+
+
 def choose_gpus_batch(
-    const int64_t[::1] offsets,
-    const flag_t[::1] free,
-    const gid_t[::1] island,
-    const gid_t[::1] numa,
+    const int64_t[::1] offsets not None,
+    const flag_t[::1] free not None,
+    const gid_t[::1] island not None,
+    const gid_t[::1] numa not None,
     Py_ssize_t n,
-    score_t[::1] scores,
-    gid_t[:, ::1] out,
+    score_t[::1] scores not None,
+    gid_t[:, ::1] out not None,
 ):
     """Choose ``n`` GPUs in each of N nodes laid out in CSR form, without the GIL.
 
@@ -397,11 +474,24 @@ def choose_gpus_batch(
         scores: shape (N,), int64, writable; receives each node's packed score or -1.
         out: shape (N, n), int32, C-contiguous, writable; row i receives node i's chosen
             indices, ascending. Rows of nodes scoring -1 are left untouched.
+
+    Raises:
+        ValueError: offsets empty, not starting at 0, decreasing or not ending at G; the
+            per-GPU arrays of different lengths; ``scores`` or ``out`` not one row per node;
+            ``out`` narrower than ``n``; a node wider than the score layout holds.
     """
+    cdef str fn = "choose_gpus_batch"
+    _at_least(fn, "offsets", offsets.shape[0], 1, "nodes + 1")
     cdef Py_ssize_t i, a, b, nodes = offsets.shape[0] - 1, widest = 0
+    _check_node(fn, free.shape[0], island.shape[0], numa.shape[0], n)
+    _csr(fn, "offsets", offsets, nodes, free.shape[0], "the GPUs in free")
+    _exact(fn, "scores", scores.shape[0], nodes, "one per node")
+    _exact(fn, "out rows", out.shape[0], nodes, "one per node")
+    _at_least(fn, "out columns", out.shape[1], n, "n")
     for i in range(nodes):
         if offsets[i + 1] - offsets[i] > widest:
             widest = offsets[i + 1] - offsets[i]
+    _in_range(fn, "the widest node's GPU count", widest, 0, _MAX_NODE_GPUS)
     cdef GpuChooser chooser = GpuChooser(widest)
     with nogil:
         for i in range(nodes):
@@ -476,6 +566,124 @@ cdef inline int64_t _weigh(const int64_t* terms, const int64_t[::1] w) noexcept 
     return s
 
 
+cdef int _out_span(str fn, Py_ssize_t r, str off_name, str out_name, int64_t start,
+                   int64_t count, Py_ssize_t length) except -1:
+    """Request r of a batch writes out[start:start + count]: inside the buffer."""
+    # count >= 0 and start <= length are known before start + count is formed (no overflow).
+    if start < 0 or start > length or count > length - start:
+        raise ValueError(
+            f"{fn}: request {r} writes {count} entries at {off_name}[{r}] = {start}, "
+            f"outside {out_name}'s {length}"
+        )
+    return 0
+
+
+cdef int _check_cluster(
+    Py_ssize_t n,
+    const int32_t[::1] cores_total,
+    const int64_t[::1] mem_total,
+    const int32_t[::1] gpu_model,
+    const int64_t[::1] gpu_offsets,
+    const int32_t[::1] gpu_island,
+    const int32_t[::1] gpu_numa,
+    const int64_t[::1] gpu_mem,
+    const int32_t[::1] fpga_model,
+    const int64_t[::1] fpga_offsets,
+    const int64_t[::1] numa_offsets,
+    const int64_t[::1] core_offsets,
+    const int32_t[::1] core_numa,
+    const int32_t[::1] leaf,
+    const int32_t[::1] switch_parent,
+    const int32_t[::1] switch_level,
+    const int64_t[::1] weight,
+    const int32_t[::1] gpu_dyn_w,
+    const int32_t[::1] fpga_dyn_w,
+    Py_ssize_t n_gpu_models,
+    Py_ssize_t n_fpga_models,
+    const uint8_t[::1] available,
+    const uint8_t[::1] gpu_free,
+    const uint8_t[::1] fpga_free,
+    const uint8_t[::1] core_free,
+    const int64_t[::1] mem_free,
+) except -1:
+    """What PlacementCore's loops index with: every length, CSR offset and id.
+
+    Values that only enter scores (memory, weights, watts, island ids) are the model's to
+    check; what is checked here is what would otherwise read or write outside an array,
+    divide by zero or loop for ever (a switch cycle).
+    """
+    cdef str fn = "PlacementCore"
+    cdef Py_ssize_t i, j, s, nd, g, f, c, n_sw = switch_parent.shape[0]
+    cdef int32_t p
+    _in_range(fn, "n_gpu_models", n_gpu_models, 0, _MAX_COUNT)
+    _in_range(fn, "n_fpga_models", n_fpga_models, 0, _MAX_COUNT)
+    for name, have in (
+        ("mem_total", mem_total.shape[0]), ("gpu_model", gpu_model.shape[0]),
+        ("fpga_model", fpga_model.shape[0]), ("leaf", leaf.shape[0]),
+        ("weight", weight.shape[0]), ("gpu_dyn_w", gpu_dyn_w.shape[0]),
+        ("fpga_dyn_w", fpga_dyn_w.shape[0]), ("available", available.shape[0]),
+        ("mem_free", mem_free.shape[0]),
+    ):
+        _exact(fn, name, have, n, "one per node in cores_total")
+    _csr(fn, "gpu_offsets", gpu_offsets, n, gpu_island.shape[0], "the GPUs in gpu_island")
+    g = gpu_island.shape[0]
+    for name, have in (
+        ("gpu_numa", gpu_numa.shape[0]), ("gpu_mem", gpu_mem.shape[0]),
+        ("gpu_free", gpu_free.shape[0]),
+    ):
+        _exact(fn, name, have, g, "one per GPU in gpu_island")
+    f = fpga_free.shape[0]
+    _csr(fn, "fpga_offsets", fpga_offsets, n, f, "the FPGAs in fpga_free")
+    c = core_numa.shape[0]
+    _csr(fn, "core_offsets", core_offsets, n, c, "the cores in core_numa")
+    _exact(fn, "core_free", core_free.shape[0], c, "one per core in core_numa")
+    if numa_offsets.shape[0] >= 1:
+        nd = numa_offsets[numa_offsets.shape[0] - 1]
+    else:
+        nd = 0
+    _csr(fn, "numa_offsets", numa_offsets, n, nd, "the NUMA domains")
+    _exact(fn, "switch_level", switch_level.shape[0], n_sw, "one per switch in switch_parent")
+    for name, flags in (
+        ("available", available), ("gpu_free", gpu_free), ("fpga_free", fpga_free),
+        ("core_free", core_free),
+    ):
+        _flags(fn, name, flags)
+    # Per node and per device: plain comparisons first, the message built only on failure.
+    for i in range(n):
+        if not (
+            cores_total[i] >= 1
+            and -1 <= gpu_model[i] < n_gpu_models
+            and -1 <= fpga_model[i] < n_fpga_models
+            and 0 <= leaf[i] < n_sw
+            and gpu_offsets[i + 1] - gpu_offsets[i] <= _MAX_NODE_GPUS
+        ):
+            _in_range(fn, f"cores_total[{i}]", cores_total[i], 1, _MAX_COUNT)
+            _in_range(fn, f"gpu_model[{i}]", gpu_model[i], -1, n_gpu_models - 1)
+            _in_range(fn, f"fpga_model[{i}]", fpga_model[i], -1, n_fpga_models - 1)
+            _in_range(fn, f"leaf[{i}]", leaf[i], 0, n_sw - 1)
+            _in_range(fn, f"the GPU count of node {i}", gpu_offsets[i + 1] - gpu_offsets[i],
+                      0, _MAX_NODE_GPUS)
+        nd = numa_offsets[i + 1] - numa_offsets[i]
+        for j in range(gpu_offsets[i], gpu_offsets[i + 1]):
+            if gpu_numa[j] < 0 or gpu_numa[j] >= nd:
+                _in_range(fn, f"gpu_numa[{j}] (node {i})", gpu_numa[j], 0, nd - 1)
+        for j in range(core_offsets[i], core_offsets[i + 1]):
+            if core_numa[j] < 0 or core_numa[j] >= nd:
+                _in_range(fn, f"core_numa[{j}] (node {i})", core_numa[j], 0, nd - 1)
+    for s in range(n_sw):
+        p = switch_parent[s]
+        if switch_level[s] < 0 or p < -1 or p >= n_sw:
+            _in_range(fn, f"switch_level[{s}]", switch_level[s], 0, _MAX_COUNT)
+            _in_range(fn, f"switch_parent[{s}]", p, -1, n_sw - 1)
+        # Levels rising strictly towards the root make every walk up the tree end.
+        if p >= 0 and switch_level[p] <= switch_level[s]:
+            raise ValueError(
+                f"{fn}: switch {s} (level {switch_level[s]}) has parent {p} of level "
+                f"{switch_level[p]}; a parent's level must be higher"
+            )
+    return 0
+
+
 cdef class PlacementCore:
     """The cluster as arrays, its live state, the free-capacity index and scratch space.
 
@@ -513,25 +721,26 @@ cdef class PlacementCore:
     def __init__(
         self,
         *,
-        const int32_t[::1] cores_total,
-        const int64_t[::1] mem_total,
-        const int32_t[::1] gpu_model,
-        const int64_t[::1] gpu_offsets,
-        const int32_t[::1] gpu_island,
-        const int32_t[::1] gpu_numa,
-        const int64_t[::1] gpu_mem,
-        const int32_t[::1] fpga_model,
-        const int64_t[::1] fpga_offsets,
-        const int64_t[::1] numa_offsets,
-        const int64_t[::1] core_offsets,
-        const int32_t[::1] core_numa,
-        const int32_t[::1] leaf,
-        const int32_t[::1] switch_parent,
-        const int32_t[::1] switch_level,
-        const int64_t[::1] weight,
-        const int32_t[::1] gpu_dyn_w,
-        const int32_t[::1] fpga_dyn_w,
+        const int32_t[::1] cores_total not None,
+        const int64_t[::1] mem_total not None,
+        const int32_t[::1] gpu_model not None,
+        const int64_t[::1] gpu_offsets not None,
+        const int32_t[::1] gpu_island not None,
+        const int32_t[::1] gpu_numa not None,
+        const int64_t[::1] gpu_mem not None,
+        const int32_t[::1] fpga_model not None,
+        const int64_t[::1] fpga_offsets not None,
+        const int64_t[::1] numa_offsets not None,
+        const int64_t[::1] core_offsets not None,
+        const int32_t[::1] core_numa not None,
+        const int32_t[::1] leaf not None,
+        const int32_t[::1] switch_parent not None,
+        const int32_t[::1] switch_level not None,
+        const int64_t[::1] weight not None,
+        const int32_t[::1] gpu_dyn_w not None,
+        const int32_t[::1] fpga_dyn_w not None,
         Py_ssize_t n_gpu_models,
+        Py_ssize_t n_fpga_models,
         available,
         gpu_free,
         fpga_free,
@@ -541,7 +750,22 @@ cdef class PlacementCore:
         cdef Py_ssize_t n = cores_total.shape[0]
         cdef Py_ssize_t i, j, c, nodes_alloc = n if n > 0 else 1
         cdef Py_ssize_t fr, fwidth, frows, buckets
+        cdef str fn = "PlacementCore"
+        # A core whose arrays fail the checks below must not be usable (see _ready).
+        self.ready = False
+        cdef uint8_t[::1] avail_a = np.array(available, dtype=np.uint8, copy=True)
+        cdef uint8_t[::1] gfree_a = np.array(gpu_free, dtype=np.uint8, copy=True)
+        cdef uint8_t[::1] ffree_a = np.array(fpga_free, dtype=np.uint8, copy=True)
+        cdef uint8_t[::1] cfree_a = np.array(core_free, dtype=np.uint8, copy=True)
+        cdef int64_t[::1] mfree_a = np.array(mem_free, dtype=np.int64, copy=True)
+        _check_cluster(
+            n, cores_total, mem_total, gpu_model, gpu_offsets, gpu_island, gpu_numa, gpu_mem,
+            fpga_model, fpga_offsets, numa_offsets, core_offsets, core_numa, leaf,
+            switch_parent, switch_level, weight, gpu_dyn_w, fpga_dyn_w, n_gpu_models,
+            n_fpga_models, avail_a, gfree_a, ffree_a, cfree_a, mfree_a,
+        )
         self.n_nodes = n
+        self.n_fpga_models = n_fpga_models
         self.n_gpu_models = n_gpu_models
         self.n_switches = switch_parent.shape[0]
         self.cores_total = cores_total
@@ -562,11 +786,11 @@ cdef class PlacementCore:
         self.weight = weight
         self.gpu_dyn_w = gpu_dyn_w
         self.fpga_dyn_w = fpga_dyn_w
-        self.available = np.array(available, dtype=np.uint8, copy=True)
-        self.gpu_free = np.array(gpu_free, dtype=np.uint8, copy=True)
-        self.fpga_free = np.array(fpga_free, dtype=np.uint8, copy=True)
-        self.core_free = np.array(core_free, dtype=np.uint8, copy=True)
-        self.mem_free = np.array(mem_free, dtype=np.int64, copy=True)
+        self.available = avail_a
+        self.gpu_free = gfree_a
+        self.fpga_free = ffree_a
+        self.core_free = cfree_a
+        self.mem_free = mfree_a
 
         self.max_gpus = 0
         self.max_numa = 1
@@ -669,9 +893,45 @@ cdef class PlacementCore:
         self.cand_anc = np.zeros(nodes_alloc, dtype=np.int32)
         self.chosen = np.zeros(nodes_alloc, dtype=np.int32)
         self.mark = np.zeros(nodes_alloc, dtype=np.uint8)
+        if self.cands != NULL:
+            # __init__ called again on a built core.
+            free(self.cands)
         self.cands = <cand_t*>malloc(nodes_alloc * sizeof(cand_t))
         if self.cands == NULL:
             raise MemoryError()
+        self.ready = True
+
+    # ------------------------------------------------------------------ boundary checks
+    cdef int _check_ready(self, str fn) except -1:
+        if not self.ready:
+            raise ValueError(f"{fn}: the PlacementCore was never built (its __init__ failed)")
+        return 0
+
+    cdef int _check_request(
+        self, str fn, Py_ssize_t r, const int64_t[::1] req, const int32_t[::1] mrank,
+        const int32_t[::1] frank, const int64_t[::1] w,
+    ) except -1:
+        """One request's inputs (request ``r`` of a batch, or -1): the vectors' lengths and
+        the counts that size the outputs and the free-count updates (a negative count would
+        raise a free count past its bucket row)."""
+        if (
+            req.shape[0] == N_REQ and mrank.shape[0] == self.n_gpu_models
+            and frank.shape[0] == self.n_fpga_models and w.shape[0] == N_W
+            and 1 <= req[R_NODES] <= _MAX_COUNT and 0 <= req[R_GPUS] <= _MAX_COUNT
+            and 0 <= req[R_FPGAS] <= _MAX_COUNT and 0 <= req[R_CORES] <= _MAX_COUNT
+        ):
+            return 0
+        if r >= 0:
+            fn = f"{fn} request {r}"
+        _exact(fn, "req", req.shape[0], N_REQ, "N_REQ")
+        _exact(fn, "mrank", mrank.shape[0], self.n_gpu_models, "one per GPU model")
+        _exact(fn, "frank", frank.shape[0], self.n_fpga_models, "one per FPGA model")
+        _exact(fn, "w", w.shape[0], N_W, "N_W")
+        _in_range(fn, "req[R_NODES]", req[R_NODES], 1, _MAX_COUNT)
+        _in_range(fn, "req[R_GPUS]", req[R_GPUS], 0, _MAX_COUNT)
+        _in_range(fn, "req[R_FPGAS]", req[R_FPGAS], 0, _MAX_COUNT)
+        _in_range(fn, "req[R_CORES]", req[R_CORES], 0, _MAX_COUNT)
+        return 0
 
     # ------------------------------------------------------------------ index
     cdef void _index_insert(self, Py_ssize_t i) noexcept nogil:
@@ -1105,17 +1365,17 @@ cdef class PlacementCore:
     # ------------------------------------------------------------------ Python entry points
     def place(
         self,
-        const int64_t[::1] req,
-        const int32_t[::1] mrank,
-        const int32_t[::1] frank,
-        const int64_t[::1] w,
+        const int64_t[::1] req not None,
+        const int32_t[::1] mrank not None,
+        const int32_t[::1] frank not None,
+        const int64_t[::1] w not None,
         bint commit,
-        int32_t[::1] nodes_out,
-        int32_t[::1] gpus_out,
-        int32_t[::1] fpgas_out,
-        int32_t[::1] cores_out,
-        int64_t[::1] terms_out,
-        int64_t[::1] info,
+        int32_t[::1] nodes_out not None,
+        int32_t[::1] gpus_out not None,
+        int32_t[::1] fpgas_out not None,
+        int32_t[::1] cores_out not None,
+        int64_t[::1] terms_out not None,
+        int64_t[::1] info not None,
     ):
         """Place one request; trusts its inputs (``hetslurm.placement.place`` validates).
 
@@ -1135,7 +1395,24 @@ cdef class PlacementCore:
         Returns:
             int: PL_PLACED, PL_FEW_NODES or PL_SWITCH. Outputs other than info are written
             only when placed.
+
+        Raises:
+            ValueError: an input of the wrong length, a count out of range, or an output
+                shorter than the request's k nodes need (checked before anything is written).
         """
+        cdef str fn = "PlacementCore.place"
+        self._check_ready(fn)
+        self._check_request(fn, -1, req, mrank, frank, w)
+        cdef int64_t k = req[R_NODES]
+        _at_least(fn, "nodes_out", nodes_out.shape[0], k, "req[R_NODES]")
+        _at_least(fn, "gpus_out", gpus_out.shape[0], max(k * req[R_GPUS], 1),
+                  "req[R_NODES] * req[R_GPUS], at least 1")
+        _at_least(fn, "fpgas_out", fpgas_out.shape[0], max(k * req[R_FPGAS], 1),
+                  "req[R_NODES] * req[R_FPGAS], at least 1")
+        _at_least(fn, "cores_out", cores_out.shape[0], max(k * req[R_CORES], 1),
+                  "req[R_NODES] * req[R_CORES], at least 1")
+        _at_least(fn, "terms_out", terms_out.shape[0], k * N_T, "req[R_NODES] * N_T")
+        _at_least(fn, "info", info.shape[0], N_INFO, "N_INFO")
         cdef int status
         with nogil:
             status = self._place(
@@ -1146,21 +1423,21 @@ cdef class PlacementCore:
 
     def place_batch(
         self,
-        const int64_t[:, ::1] reqs,
-        const int32_t[:, ::1] mranks,
-        const int32_t[:, ::1] franks,
-        const int64_t[:, ::1] ws,
-        const int64_t[::1] node_off,
-        const int64_t[::1] gpu_off,
-        const int64_t[::1] fpga_off,
-        const int64_t[::1] core_off,
-        int32_t[::1] nodes_out,
-        int32_t[::1] gpus_out,
-        int32_t[::1] fpgas_out,
-        int32_t[::1] cores_out,
-        int64_t[::1] terms_out,
-        int8_t[::1] status,
-        int64_t[:, ::1] info,
+        const int64_t[:, ::1] reqs not None,
+        const int32_t[:, ::1] mranks not None,
+        const int32_t[:, ::1] franks not None,
+        const int64_t[:, ::1] ws not None,
+        const int64_t[::1] node_off not None,
+        const int64_t[::1] gpu_off not None,
+        const int64_t[::1] fpga_off not None,
+        const int64_t[::1] core_off not None,
+        int32_t[::1] nodes_out not None,
+        int32_t[::1] gpus_out not None,
+        int32_t[::1] fpgas_out not None,
+        int32_t[::1] cores_out not None,
+        int64_t[::1] terms_out not None,
+        int8_t[::1] status not None,
+        int64_t[:, ::1] info not None,
     ):
         """Place R requests in order, each consuming what it gets, in one GIL-free loop.
 
@@ -1175,8 +1452,45 @@ cdef class PlacementCore:
             terms_out: int64, shape (>= node_off[R] * N_T,), at least one entry.
             status: shape (R,), int8; receives PL_* per request.
             info: shape (R, N_INFO), int64; receives I_* per request.
+
+        Raises:
+            ValueError: inputs not one row per request or rows of the wrong width, a count
+                out of range, or an offset whose request would write outside its output
+                (every request is checked before the first is placed).
         """
+        cdef str fn = "PlacementCore.place_batch"
         cdef Py_ssize_t r, n_req = reqs.shape[0]
+        cdef int64_t k
+        self._check_ready(fn)
+        for name, have in (
+            ("mranks", mranks.shape[0]), ("franks", franks.shape[0]), ("ws", ws.shape[0]),
+            ("status", status.shape[0]), ("info", info.shape[0]),
+        ):
+            _exact(fn, name, have, n_req, "one row per request in reqs")
+        for name, have in (
+            ("node_off", node_off.shape[0]), ("gpu_off", gpu_off.shape[0]),
+            ("fpga_off", fpga_off.shape[0]), ("core_off", core_off.shape[0]),
+        ):
+            _exact(fn, name, have, n_req + 1, "one more than the requests")
+        _exact(fn, "info columns", info.shape[1], N_INFO, "N_INFO")
+        for name, have in (
+            ("nodes_out", nodes_out.shape[0]), ("gpus_out", gpus_out.shape[0]),
+            ("fpgas_out", fpgas_out.shape[0]), ("cores_out", cores_out.shape[0]),
+            ("terms_out", terms_out.shape[0]),
+        ):
+            _at_least(fn, name, have, 1, "&out[0] is taken")
+        for r in range(n_req):
+            self._check_request(fn, r, reqs[r], mranks[r], franks[r], ws[r])
+            k = reqs[r, R_NODES]
+            _out_span(fn, r, "node_off", "nodes_out", node_off[r], k, nodes_out.shape[0])
+            _out_span(fn, r, "node_off", "terms_out", node_off[r] * N_T if node_off[r] >= 0
+                      else -1, k * N_T, terms_out.shape[0])
+            _out_span(fn, r, "gpu_off", "gpus_out", gpu_off[r], k * reqs[r, R_GPUS],
+                      gpus_out.shape[0])
+            _out_span(fn, r, "fpga_off", "fpgas_out", fpga_off[r], k * reqs[r, R_FPGAS],
+                      fpgas_out.shape[0])
+            _out_span(fn, r, "core_off", "cores_out", core_off[r], k * reqs[r, R_CORES],
+                      cores_out.shape[0])
         with nogil:
             for r in range(n_req):
                 status[r] = <int8_t>self._place(
@@ -1188,13 +1502,13 @@ cdef class PlacementCore:
 
     def evaluate(
         self,
-        const int64_t[::1] req,
-        const int32_t[::1] mrank,
-        const int32_t[::1] frank,
-        const int64_t[::1] w,
-        int8_t[::1] status,
-        int64_t[::1] terms,
-        int64_t[::1] scores,
+        const int64_t[::1] req not None,
+        const int32_t[::1] mrank not None,
+        const int32_t[::1] frank not None,
+        const int64_t[::1] w not None,
+        int8_t[::1] status not None,
+        int64_t[::1] terms not None,
+        int64_t[::1] scores not None,
     ):
         """Evaluate every node (index bypassed): for explanations and tests.
 
@@ -1204,7 +1518,18 @@ cdef class PlacementCore:
             terms: shape (>= N * N_T,), int64, at least one entry; node i's terms at
                 [i * N_T, ...), valid where status is ST_FITS.
             scores: shape (N,), int64; node score where it fits, -1 elsewhere.
+
+        Raises:
+            ValueError: an input of the wrong length or a count out of range; an output
+                shorter than one entry (``terms``: N_T entries) per node.
         """
+        cdef str fn = "PlacementCore.evaluate"
+        self._check_ready(fn)
+        self._check_request(fn, -1, req, mrank, frank, w)
+        _at_least(fn, "status", status.shape[0], self.n_nodes, "one per node")
+        _at_least(fn, "terms", terms.shape[0], max(self.n_nodes * N_T, 1),
+                  "N_T per node, at least 1")
+        _at_least(fn, "scores", scores.shape[0], self.n_nodes, "one per node")
         cdef Py_ssize_t i
         cdef int st
         with nogil:
@@ -1217,6 +1542,7 @@ cdef class PlacementCore:
 
     def state(self):
         """Copies of the live state arrays: dict of name to numpy array."""
+        self._check_ready("PlacementCore.state")
         return {
             "available": np.array(self.available, dtype=np.uint8),
             "gpu_free": np.array(self.gpu_free, dtype=np.uint8),
@@ -1228,6 +1554,7 @@ cdef class PlacementCore:
     def index_buckets(self):
         """The free-capacity index as {(gpu model id, free GPUs, most free GPUs in one
         NVLink island): [nodes]} (for tests)."""
+        self._check_ready("PlacementCore.index_buckets")
         out = {}
         width = self.max_gpus + 1
         for key in range(self.b_count.shape[0]):
@@ -1243,6 +1570,7 @@ cdef class PlacementCore:
 
     def fpga_index_buckets(self):
         """The FPGA index as {(fpga model id, free FPGAs): [nodes]} (for tests)."""
+        self._check_ready("PlacementCore.fpga_index_buckets")
         out = {}
         width = self.max_fpgas + 1
         for key in range(self.fb_count.shape[0]):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hetslurm.audit.sacct import JOB_COLUMNS, SacctResult, parse_sacct_json, run_sacct
@@ -19,6 +18,7 @@ from hetslurm.errors import MetricsError
 from hetslurm.metrics.store import Progress, SegmentStore
 from hetslurm.site.model import Site
 from hetslurm.site.schema import Usage
+from hetslurm.textfile import MAX_DATA_BYTES, read_file_bytes
 
 #: The sample columns the audit uses (the store reads only these).
 AUDIT_COLUMNS = ("time", "node", "minor", "slurm_index", "gpu_model", "job_id", "job_gpus",
@@ -56,13 +56,13 @@ def empty_jobs() -> Any:
 def load_jobs(req: AuditRequest, site: Site | None, env: Mapping[str, str] | None
               ) -> tuple[SacctResult | None, str | None]:
     """Jobs from a sacct JSON file or a live ``sacct``; (None, why) when neither works."""
+    text: str | bytes
+    if req.sacct_file:
+        # A file the user named that cannot be read is a usage error (ConfigError), not
+        # "accounting unavailable"; what it holds is judged below like sacct's own output.
+        text = read_file_bytes(req.sacct_file, what="sacct JSON file", max_bytes=MAX_DATA_BYTES)
     try:
-        if req.sacct_file:
-            try:
-                text: str | bytes = Path(req.sacct_file).read_bytes()
-            except OSError as exc:
-                raise MetricsError(f"cannot read {req.sacct_file}: {exc.strerror}") from exc
-        else:
+        if not req.sacct_file:
             text = run_sacct(env, req.since, req.until)
         return parse_sacct_json(text, site), None
     except MetricsError as exc:

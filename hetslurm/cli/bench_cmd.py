@@ -63,15 +63,16 @@ def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
     def log(msg: str) -> None:
         click.echo(f"bench audit: {msg}", err=True)
 
+    from hetslurm.site import load_site
+    from hetslurm.testbed import default_site
+
+    # Read before the minutes of the synthetic run, so a bad site file fails at once.
+    site = load_site(site_file or default_site()) if real_jobs or site_file else None
     res = bench_synthetic(n_jobs, samples, nodes, workdir, log)
     res["speedup_vs_per_job"] = None
-    if real_jobs:
-        from hetslurm.site import load_site
-        from hetslurm.testbed import default_site
-
+    if real_jobs and site is not None:
         with tempfile.TemporaryDirectory(prefix="hetslurm-bench-real-") as tmp:
-            real = bench_real(dict(os.environ), load_site(site_file or default_site()),
-                              real_jobs, Path(tmp), log)
+            real = bench_real(dict(os.environ), site, real_jobs, Path(tmp), log)
         res.update(real)
     emit([{"metric": k, "value": v} for k, v in res.items()], output_format,
          title="audit benchmark", document=res)

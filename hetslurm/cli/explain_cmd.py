@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import click
 
 from hetslurm.cli.output import emit, format_option
+
+
+def _sbatch_options(f: Callable[..., None]) -> Callable[..., None]:
+    # The options come from the one table the #SBATCH parser reads, so the two cannot drift.
+    from hetslurm.hook.explain import SBATCH_OPTIONS
+
+    f = click.option("--requeue/--no-requeue", "requeue", default=None,
+                     help="As sbatch --requeue / --no-requeue.")(f)
+    for o in reversed(SBATCH_OPTIONS):
+        decls = [f"--{o.long}"] + ([f"-{o.short}"] if o.short else [])
+        f = click.option(*decls, o.attr, default=None, help=o.help)(f)
+    return f
 
 
 @click.command("explain")
@@ -18,47 +30,39 @@ from hetslurm.cli.output import emit, format_option
               help="Site file [default: $HETSLURM_SITE or site-configs/demo.toml].")
 @click.option("--hook", "hook_file", type=click.Path(dir_okay=False), default=None,
               help="Run this installed job_submit.lua instead of rendering one for --site.")
-@click.option("--comment", default=None, help="Job comment, e.g. 'het: gpus=2' (srun/salloc).")
-@click.option("-p", "--partition", default=None, help="As sbatch --partition.")
-@click.option("-q", "--qos", default=None, help="As sbatch --qos.")
-@click.option("-C", "--constraint", default=None, help="As sbatch --constraint.")
-@click.option("--gres", default=None, help="As sbatch --gres (e.g. gpu:2).")
-@click.option("-G", "--gpus", default=None, help="As sbatch --gpus (e.g. a100:2).")
-@click.option("--gpus-per-task", default=None, help="As sbatch --gpus-per-task.")
-@click.option("-N", "--nodes", type=int, default=None, help="As sbatch --nodes.")
-@click.option("--mem", default=None, help="As sbatch --mem (e.g. 16G).")
+@_sbatch_options
 @click.option("--user", default="root", show_default=True, help="Submitting user's name.")
 @click.option("--state", default=None,
               help="Place against 'live' Slurm state or a `hetslurm state dump` file "
                    "[default: the empty cluster].")
 @format_option
-def explain_cmd(script: str | None, site_file: str | None, hook_file: str | None,
-                comment: str | None, partition: str | None, qos: str | None,
-                constraint: str | None, gres: str | None, gpus: str | None,
-                gpus_per_task: str | None, nodes: int | None, mem: str | None, user: str,
-                state: str | None, output_format: str) -> None:
+def explain_cmd(script: str | None, site_file: str | None, hook_file: str | None, user: str,
+                state: str | None, output_format: str, **sbatch: Any) -> None:
     """Show what the job_submit hook would do to JOB_SCRIPT, and where it would run now.
 
     Runs the same job_submit.lua slurmctld runs, in-process (Lua 5.1 through lupa), with a
     strict stand-in for Slurm 22.05's plugin: fields the hook writes, the messages the user
     would see, the decision record, and `hetslurm place`'s answer for the request. Without
     JOB_SCRIPT it explains an srun/salloc job (give --comment 'het: ...'). #SBATCH lines of
-    the script count as the options above; options given here win.
+    the script count as the options above, passed to the hook in the fields Slurm 22.05
+    fills from them; options given here win.
     """
     from hetslurm.hook.explain import JobOptions, explain
     from hetslurm.site import load_site
     from hetslurm.testbed.cluster import default_site
+    from hetslurm.textfile import read_text_file, read_text_stream
 
     text: str | None = None
+    # Scripts keep any bytes (Slurm passes them as bytes; the hook judges them); the size
+    # and regular-file checks still apply.
     if script == "-":
-        text = sys.stdin.read()
+        text = read_text_stream(sys.stdin.buffer, what="job script", label="<stdin>",
+                                errors="surrogateescape")
     elif script:
-        text = Path(script).read_text(errors="surrogateescape")
+        text = read_text_file(script, what="job script", errors="surrogateescape")
     site = load_site(site_file or default_site())
-    opts = JobOptions(partition=partition, qos=qos, constraint=constraint, gres=gres,
-                      gpus=gpus, gpus_per_task=gpus_per_task, nodes=nodes, mem=mem,
-                      comment=comment, user=user)
-    hook_text = Path(hook_file).read_text() if hook_file else None
+    opts = JobOptions(user=user, **sbatch)
+    hook_text = read_text_file(hook_file, what="--hook file") if hook_file else None
     ex = explain(text, site, opts, hook_text=hook_text, state=state)
     doc = ex.to_dict()
     if output_format == "json":

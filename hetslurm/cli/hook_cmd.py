@@ -27,8 +27,10 @@ def _conf_dir(conf_dir: str | None) -> Path:
     raise click.UsageError("give --dir or set SLURM_CONF")
 
 
-def _read(path: str | None) -> str | None:
-    return Path(path).read_text() if path else None
+def _read(path: str | None, option: str) -> str | None:
+    from hetslurm.textfile import read_text_file
+
+    return read_text_file(path, what=f"{option} file") if path else None
 
 
 @click.group()
@@ -59,8 +61,9 @@ def render_cmd(site_file: str, mode: str | None, rules_only: bool, chain_before:
     if rules_only:
         sys.stdout.write(json.dumps(hook_rules(site), indent=2, default=str) + "\n")
         return
-    sys.stdout.write(render_hook(site, mode=mode, chain_before=_read(chain_before),
-                                 chain_after=_read(chain_after)).text)
+    sys.stdout.write(render_hook(site, mode=mode,
+                                 chain_before=_read(chain_before, "--chain-before"),
+                                 chain_after=_read(chain_after, "--chain-after")).text)
 
 
 @hook.command("install")
@@ -84,7 +87,8 @@ def install_cmd(site_file: str, conf_dir: str | None, mode: str | None,
     from hetslurm.site import load_site
 
     res = install_hook(load_site(site_file), _conf_dir(conf_dir), mode=mode,
-                       chain_before=_read(chain_before), chain_after=_read(chain_after))
+                       chain_before=_read(chain_before, "--chain-before"),
+                       chain_after=_read(chain_after, "--chain-after"))
     d = res.to_dict()
     title = "hook installed" if res.changed else "hook unchanged"
     if res.replaced_unsafe:

@@ -41,17 +41,13 @@ def _load_state(spec: str) -> LiveState | None:
     """``live`` (Slurm now), ``empty`` (nothing running) or a ``hetslurm state dump`` file."""
     from hetslurm.errors import PlacementError
     from hetslurm.placement.state import LiveState
+    from hetslurm.textfile import MAX_DATA_BYTES, read_text_file
 
     if spec == LIVE:
         return _read_live()
     if spec == EMPTY:
         return None
-    path = Path(spec)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise click.BadParameter(f"cannot read state file {spec!r}: {e.strerror}",
-                                 param_hint="--state") from e
+    text = read_text_file(spec, what="state file", max_bytes=MAX_DATA_BYTES)
     try:
         return LiveState.from_json(text)
     except PlacementError as e:

@@ -13,36 +13,91 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from hetslurm.errors import HetslurmError
+from hetslurm.errors import ConfigError
 from hetslurm.hook import render as render_mod
-from hetslurm.hook.standin import HookRuntime
+from hetslurm.hook.standin import NO_VAL, NO_VAL16, HookRuntime
 from hetslurm.site.model import Site
+from hetslurm.slurm.units import time_seconds
+from hetslurm.textfile import MAX_DATA_BYTES, read_text_file
 
 _MEM = re.compile(r"^(\d+)([KMGT]?)$", re.I)
 _MEM_FACTOR = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1 << 20}
 
 
 @dataclass(frozen=True)
+class SbatchOption:
+    """One sbatch option explain passes to the hook: its names and the JobOptions field."""
+
+    long: str
+    short: str | None
+    attr: str
+    help: str
+
+
+#: Every sbatch option whose job_desc field the hook reads (job_submit/hethook.lua), one
+#: table for the ``#SBATCH`` parser and the ``explain`` command line (``job_values`` says
+#: which field each fills, as Slurm 22.05 fills it). ``--requeue/--no-requeue`` is a flag
+#: of its own.
+SBATCH_OPTIONS: tuple[SbatchOption, ...] = (
+    SbatchOption("partition", "p", "partition", "As sbatch --partition."),
+    SbatchOption("qos", "q", "qos", "As sbatch --qos."),
+    SbatchOption("account", "A", "account", "As sbatch --account."),
+    SbatchOption("constraint", "C", "constraint", "As sbatch --constraint."),
+    SbatchOption("gres", None, "gres", "As sbatch --gres (e.g. gpu:2)."),
+    SbatchOption("gres-flags", None, "gres_flags",
+                 "As sbatch --gres-flags (enforce-binding or disable-binding)."),
+    SbatchOption("gpus", "G", "gpus", "As sbatch --gpus (e.g. a100:2)."),
+    SbatchOption("gpus-per-node", None, "gpus_per_node", "As sbatch --gpus-per-node."),
+    SbatchOption("gpus-per-task", None, "gpus_per_task", "As sbatch --gpus-per-task."),
+    SbatchOption("gpus-per-socket", None, "gpus_per_socket", "As sbatch --gpus-per-socket."),
+    SbatchOption("nodes", "N", "nodes", "As sbatch --nodes (N or MIN-MAX)."),
+    SbatchOption("ntasks", "n", "ntasks", "As sbatch --ntasks."),
+    SbatchOption("ntasks-per-node", None, "ntasks_per_node", "As sbatch --ntasks-per-node."),
+    SbatchOption("cpus-per-task", "c", "cpus_per_task", "As sbatch --cpus-per-task."),
+    SbatchOption("mincpus", None, "mincpus", "As sbatch --mincpus."),
+    SbatchOption("sockets-per-node", None, "sockets_per_node",
+                 "As sbatch --sockets-per-node."),
+    SbatchOption("cores-per-socket", None, "cores_per_socket",
+                 "As sbatch --cores-per-socket."),
+    SbatchOption("mem", None, "mem", "As sbatch --mem (e.g. 16G)."),
+    SbatchOption("mem-per-cpu", None, "mem_per_cpu", "As sbatch --mem-per-cpu (e.g. 4G)."),
+    SbatchOption("switches", None, "switches", "As sbatch --switches (COUNT[@MAX-TIME])."),
+    SbatchOption("comment", None, "comment", "Job comment, e.g. 'het: gpus=2' (srun/salloc)."),
+    SbatchOption("array", "a", "array", "As sbatch --array."),
+)
+
+
+@dataclass(frozen=True)
 class JobOptions:
-    """The sbatch options explain understands; ``None`` means "not given"."""
+    """The sbatch options explain understands (:data:`SBATCH_OPTIONS`); ``None`` = not
+    given."""
 
     partition: str | None = None
     qos: str | None = None
+    account: str | None = None
     constraint: str | None = None
     gres: str | None = None
+    gres_flags: str | None = None
     gpus: str | None = None
+    gpus_per_node: str | None = None
     gpus_per_task: str | None = None
     gpus_per_socket: str | None = None
-    nodes: int | None = None
+    nodes: str | None = None
+    ntasks: str | None = None
+    ntasks_per_node: str | None = None
+    cpus_per_task: str | None = None
+    mincpus: str | None = None
+    sockets_per_node: str | None = None
+    cores_per_socket: str | None = None
     mem: str | None = None
+    mem_per_cpu: str | None = None
+    switches: str | None = None
     comment: str | None = None
-    account: str | None = None
+    array: str | None = None
     user: str = "root"
     requeue: bool | None = None
-    array: str | None = None
 
     def merged(self, other: JobOptions) -> JobOptions:
         """``other``'s given values over this one's (command line over ``#SBATCH``)."""
@@ -51,15 +106,8 @@ class JobOptions:
         return replace(self, **values)
 
 
-# option name -> (field, takes a value)
-_LONG = {
-    "partition": "partition", "qos": "qos", "constraint": "constraint", "gres": "gres",
-    "gpus": "gpus", "gpus-per-task": "gpus_per_task", "gpus-per-socket": "gpus_per_socket",
-    "nodes": "nodes", "mem": "mem", "comment": "comment", "account": "account",
-    "array": "array",
-}
-_SHORT = {"p": "partition", "q": "qos", "C": "constraint", "G": "gpus", "N": "nodes",
-          "A": "account", "a": "array"}
+_LONG = {o.long: o.attr for o in SBATCH_OPTIONS}
+_SHORT = {o.short: o.attr for o in SBATCH_OPTIONS if o.short}
 
 
 def sbatch_options(script: str) -> JobOptions:
@@ -82,83 +130,121 @@ def sbatch_options(script: str) -> JobOptions:
         i = 0
         while i < len(words):
             w = words[i]
-            name = value = None
+            key = value = None
             if w.startswith("--"):
-                name, _, value = w[2:].partition("=")
+                name, eq, value = w[2:].partition("=")
                 if name in ("requeue", "no-requeue"):
                     values["requeue"] = name == "requeue"
                     i += 1
                     continue
                 key = _LONG.get(name)
-                if key and not value and i + 1 < len(words):
+                if key and not eq and i + 1 < len(words):
                     value = words[i + 1]
                     i += 1
             elif w.startswith("-") and len(w) >= 2:
                 key = _SHORT.get(w[1])
                 value = w[2:] or (words[i + 1] if i + 1 < len(words) else "")
-                if not w[2:]:
+                if key and not w[2:]:
                     i += 1
-            else:
-                key = None
-            if name is not None:
-                key = _LONG.get(name)
             if key and value:
                 values[key] = value
             i += 1
-    if "nodes" in values:
-        try:
-            values["nodes"] = int(str(values["nodes"]).split("-")[0])
-        except ValueError:
-            values.pop("nodes")
     return JobOptions(**values)
 
 
-def _mem_mib(text: str) -> int:
+def _mem_mib(option: str, text: str) -> int:
     m = _MEM.match(text.strip())
     if not m:
-        raise HetslurmError(f"--mem={text}: write e.g. 16G or 16000 (MiB)")
+        raise ConfigError(f"--{option}={text}: write e.g. 16G or 16000 (MiB)")
     return int(int(m.group(1)) * _MEM_FACTOR[m.group(2).upper()])
 
 
+def _count(option: str, text: str, high: int) -> int:
+    """A whole number as sbatch takes it; sbatch refuses the submission otherwise."""
+    t = text.strip()
+    if not t.isdigit() or not 0 <= int(t) <= high:
+        raise ConfigError(f"--{option}={text}: not a count in 0..{high}")
+    return int(t)
+
+
 def _gres_tres(spec: str) -> str:
+    # 22.05 prepends "gres:" to each --gres entry (gres_prepend_tres_type).
     return ",".join(p if p.startswith("gres:") else "gres:" + p for p in spec.split(",") if p)
 
 
 def _gpus_tres(spec: str) -> str:
+    # 22.05's xfmt_tres(..., "gres:gpu", spec): "gres:gpu:" before each entry.
     return ",".join("gres:gpu:" + p for p in spec.split(",") if p)
 
 
+def _join(*parts: str | None) -> str | None:
+    joined = ",".join(p for p in parts if p)
+    return joined or None
+
+
 def job_values(script: str | None, opts: JobOptions) -> dict[str, Any]:
-    """The job description fields a submission with these options carries (22.05)."""
+    """The job description fields a submission with these options carries, in the form
+    Slurm 22.05's sbatch and slurmctld hand them to job_submit/lua.
+
+    Raises:
+        ConfigError: A value sbatch would refuse (a count that is not a number, a memory
+            size or time it cannot read, an unknown --gres-flags).
+    """
     values: dict[str, Any] = {"user_name": opts.user, "name": "explain"}
     if script is not None:
         values["script"] = script
-    if opts.partition:
-        values["partition"] = opts.partition
-    if opts.qos:
-        values["qos"] = opts.qos
-    if opts.constraint:
-        values["features"] = opts.constraint
-    if opts.gres:
-        values["tres_per_node"] = _gres_tres(opts.gres)
-    if opts.gpus:
-        values["tres_per_job"] = _gpus_tres(opts.gpus)
-    if opts.gpus_per_task:
-        values["tres_per_task"] = _gpus_tres(opts.gpus_per_task)
-    if opts.gpus_per_socket:
-        values["tres_per_socket"] = _gpus_tres(opts.gpus_per_socket)
-    if opts.nodes is not None:
-        values["min_nodes"] = values["max_nodes"] = opts.nodes
-    if opts.mem:
-        values["min_mem_per_node"] = _mem_mib(opts.mem)
+    for attr, fld in (("partition", "partition"), ("qos", "qos"), ("account", "account"),
+                      ("constraint", "features"), ("array", "array_inx")):
+        if getattr(opts, attr):
+            values[fld] = getattr(opts, attr)
     if opts.comment is not None:
         values["comment"] = opts.comment
-    if opts.account:
-        values["account"] = opts.account
+    # --gres and --gpus-per-node share tres_per_node: sbatch appends the GPUs to the gres.
+    tpn = _join(_gres_tres(opts.gres) if opts.gres else None,
+                _gpus_tres(opts.gpus_per_node) if opts.gpus_per_node else None)
+    for fld, value in (("tres_per_node", tpn),
+                       ("tres_per_job", opts.gpus and _gpus_tres(opts.gpus)),
+                       ("tres_per_task", opts.gpus_per_task and _gpus_tres(opts.gpus_per_task)),
+                       ("tres_per_socket",
+                        opts.gpus_per_socket and _gpus_tres(opts.gpus_per_socket))):
+        if value:
+            values[fld] = value
+    if opts.gres_flags:
+        flags = {"enforce-binding": 16, "disable-binding": 524288}  # GRES_*_BIND in 22.05
+        if opts.gres_flags not in flags:
+            raise ConfigError(f"--gres-flags={opts.gres_flags}: expected enforce-binding or "
+                              "disable-binding")
+        values["bitflags"] = flags[opts.gres_flags]
+    if opts.nodes is not None:
+        low, _, most = opts.nodes.partition("-")
+        values["min_nodes"] = _count("nodes", low, NO_VAL - 1)
+        values["max_nodes"] = _count("nodes", most, NO_VAL - 1) if most else values["min_nodes"]
+    for attr, fld, high in (("ntasks", "num_tasks", NO_VAL - 1),
+                            ("ntasks_per_node", "ntasks_per_node", NO_VAL16 - 1),
+                            ("cpus_per_task", "cpus_per_task", NO_VAL16 - 1),
+                            ("mincpus", "pn_min_cpus", NO_VAL16 - 1),
+                            ("sockets_per_node", "sockets_per_node", NO_VAL16 - 1),
+                            ("cores_per_socket", "cores_per_socket", NO_VAL16 - 1)):
+        text = getattr(opts, attr)
+        if text is not None:
+            values[fld] = _count(attr.replace("_", "-"), text, high)
+    if opts.mem:
+        values["min_mem_per_node"] = _mem_mib("mem", opts.mem)
+    if opts.mem_per_cpu:
+        values["min_mem_per_cpu"] = _mem_mib("mem-per-cpu", opts.mem_per_cpu)
+    if opts.switches:
+        count, _, wait = opts.switches.partition("@")
+        values["req_switch"] = _count("switches", count, NO_VAL - 1)
+        if wait:
+            try:
+                seconds = time_seconds(wait)
+            except ValueError:
+                seconds = None
+            if not isinstance(seconds, int):
+                raise ConfigError(f"--switches={opts.switches}: {wait!r} is not a Slurm time")
+            values["wait4switch"] = seconds
     if opts.requeue is not None:
         values["requeue"] = 1 if opts.requeue else 0
-    if opts.array:
-        values["array_inx"] = opts.array
     return values
 
 
@@ -198,7 +284,14 @@ def explain(
         opts: sbatch options; the script's ``#SBATCH`` lines are read first.
         hook_text: An installed ``job_submit.lua`` to run instead of rendering one.
         state: ``None`` (an empty cluster), ``"live"`` or a ``hetslurm state dump`` file.
+
+    Raises:
+        ConfigError: The state file cannot be read as text (what it says is judged later,
+            and a placement that fails is a note, never fatal).
     """
+    state_text = None
+    if state is not None and state != "live":
+        state_text = read_text_file(state, what="state file", max_bytes=MAX_DATA_BYTES)
     base = sbatch_options(script) if script is not None else JobOptions()
     opts = base.merged(opts) if opts is not None else base
     text = hook_text if hook_text is not None else render_mod.render_hook(site).text
@@ -224,7 +317,7 @@ def explain(
         log=[f"{lvl}: {msg}" for lvl, msg in res.log] + ([res.error] if res.error else []),
     )
     if outcome == "rewritten":
-        _add_placement(ex, site, state)
+        _add_placement(ex, site, state, state_text)
     elif outcome == "unchanged":
         ex.placement_note = "no #HET request: the hook leaves the job to Slurm"
     return ex
@@ -237,7 +330,8 @@ def _request_text(record: str | None) -> str | None:
     return m.group(1) if m else None
 
 
-def _add_placement(ex: Explanation, site: Site, state: str | None) -> None:
+def _add_placement(ex: Explanation, site: Site, state: str | None,
+                   state_text: str | None) -> None:
     """Where ``hetslurm place`` would put the request now (read-only; never fatal)."""
     text = _request_text(ex.record)
     if text is None:
@@ -254,12 +348,12 @@ def _add_placement(ex: Explanation, site: Site, state: str | None) -> None:
         if state is not None:
             from hetslurm.placement.state import LiveState
 
-            if state == "live":
+            if state_text is None:
                 from hetslurm.slurm import get_backend
 
                 live = LiveState.from_backend(get_backend())
             else:
-                live = LiveState.from_json(Path(state).read_text())
+                live = LiveState.from_json(state_text)
             model = model.with_state(live)
         ex.placement = place(model, request).to_dict()
         ex.placement_note = f"placed the request '{text}' on " + (

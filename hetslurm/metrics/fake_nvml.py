@@ -43,6 +43,7 @@ from hetslurm.metrics.samples import (
     STATUS_OK,
     GpuReading,
 )
+from hetslurm.textfile import read_text_file
 
 FAULTS = ("not_supported", "lost", "mig", "missing")
 #: What the fake calls each site model (NVML's device names).
@@ -62,9 +63,10 @@ class Scenario:
 
     @classmethod
     def load(cls, path: str | Path) -> Scenario:
+        text = read_text_file(path, what="fake NVML scenario")
         try:
-            raw = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+            raw = json.loads(text)
+        except ValueError as exc:
             raise MetricsError(f"fake NVML scenario {path} cannot be read: {exc}") from exc
         if not isinstance(raw, dict):
             raise MetricsError(f"fake NVML scenario {path} is not a JSON object")

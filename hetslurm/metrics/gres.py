@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from hetslurm.errors import MetricsError
 from hetslurm.slurm.units import expand_hostlist
+from hetslurm.textfile import read_text_file
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,12 @@ def parse_gres_conf(text: str, *, local_node: str | None = None,
 
 def load_gres_conf(path: str | Path, *, local_node: str | None = None
                    ) -> dict[str, list[GresDevice]]:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise MetricsError(f"cannot read gres.conf {path}: {exc.strerror}") from exc
+    """Parse a gres.conf file (read as text by :func:`hetslurm.textfile.read_text_file`).
+
+    Raises:
+        ConfigError: The file cannot be read as UTF-8 text.
+    """
+    text = read_text_file(path, what="gres.conf")
     return parse_gres_conf(text, local_node=local_node)
 
 

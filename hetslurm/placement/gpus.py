@@ -2,7 +2,8 @@
 
 The policy (fewest NVLink islands, then best fit, then fewest NUMA domains, then lowest
 indices) and the packed score are defined in :mod:`hetslurm.placement.reference`; see also
-``docs/placement.md``. Inputs are checked here once; the kernel trusts them.
+``docs/placement.md``. Inputs are checked here once; the kernel itself checks only the
+lengths it indexes with (ValueError).
 """
 
 from __future__ import annotations

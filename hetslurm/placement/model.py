@@ -572,33 +572,39 @@ class ClusterModel:
         ``state`` (trusted: the replay's own arrays, of this model's shapes and dtypes)."""
         from hetslurm.placement._load import load_core
 
+        return load_core().PlacementCore(**self.core_arguments(state))
+
+    def core_arguments(self, state: StateArrays | None = None) -> dict[str, Any]:
+        """The keyword arguments of ``hetslurm._core.PlacementCore`` for this model and
+        ``state`` (default: the model's own): every array the kernels index, in one place."""
         s = self.state if state is None else state
-        return load_core().PlacementCore(
-            cores_total=self.cores_total,
-            mem_total=self.mem_total_mib,
-            gpu_model=self.gpu_model,
-            gpu_offsets=self.gpu_offsets,
-            gpu_island=self.gpu_island,
-            gpu_numa=self.gpu_numa,
-            gpu_mem=self.gpu_mem_mib,
-            fpga_model=self.fpga_model,
-            fpga_offsets=self.fpga_offsets,
-            numa_offsets=self.numa_offsets,
-            core_offsets=self.core_offsets,
-            core_numa=self.core_numa,
-            leaf=self.leaf,
-            switch_parent=self.switch_parent,
-            switch_level=self.switch_level,
-            weight=self.weight,
-            gpu_dyn_w=self._dyn("gpu"),
-            fpga_dyn_w=self._dyn("fpga"),
-            n_gpu_models=len(self.gpu_models),
-            available=s.available,
-            gpu_free=s.gpu_free,
-            fpga_free=s.fpga_free,
-            core_free=s.core_free,
-            mem_free=s.mem_free_mib,
-        )
+        return {
+            "cores_total": self.cores_total,
+            "mem_total": self.mem_total_mib,
+            "gpu_model": self.gpu_model,
+            "gpu_offsets": self.gpu_offsets,
+            "gpu_island": self.gpu_island,
+            "gpu_numa": self.gpu_numa,
+            "gpu_mem": self.gpu_mem_mib,
+            "fpga_model": self.fpga_model,
+            "fpga_offsets": self.fpga_offsets,
+            "numa_offsets": self.numa_offsets,
+            "core_offsets": self.core_offsets,
+            "core_numa": self.core_numa,
+            "leaf": self.leaf,
+            "switch_parent": self.switch_parent,
+            "switch_level": self.switch_level,
+            "weight": self.weight,
+            "gpu_dyn_w": self._dyn("gpu"),
+            "fpga_dyn_w": self._dyn("fpga"),
+            "n_gpu_models": len(self.gpu_models),
+            "n_fpga_models": len(self.fpga_models),
+            "available": s.available,
+            "gpu_free": s.gpu_free,
+            "fpga_free": s.fpga_free,
+            "core_free": s.core_free,
+            "mem_free": s.mem_free_mib,
+        }
 
     def _dyn(self, kind: str) -> npt.NDArray[np.int32]:
         """Busy-minus-idle watts of one device per node, never negative."""

@@ -294,6 +294,9 @@ class LiveState:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise PlacementError(f"state file is not JSON: {e}") from e
+        except RecursionError as e:
+            # json decodes nested arrays recursively; a state is three levels deep.
+            raise PlacementError("state file is not JSON: nested too deeply") from e
         return cls.from_dict(data)
 
     @classmethod

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hetslurm.errors import ConfigError
+from hetslurm.textfile import read_text_file
 
 SCHEMA = "hetslurm-simulate-params/1"
 #: The replay's backfill models (``[scheduler] backfill``): ``slurm``, Slurm 22.05's rules
@@ -175,9 +176,7 @@ def load_params(path: str | Path) -> Params:
     """
     p = str(path)
     try:
-        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot read the parameter file: {e.strerror}") from e
+        raw = tomllib.loads(read_text_file(path, what="parameter file"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: not valid TOML: {e}") from e
     top = _Table(raw, "", p)

@@ -9,6 +9,7 @@ pod that was never scheduled) are skipped and counted in :attr:`Trace.skipped`.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -17,8 +18,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from hetslurm.errors import ConfigError
+from hetslurm.textfile import MAX_DATA_BYTES, decode_text, read_file_bytes, read_text_file
 
 FORMATS = ("alibaba", "philly", "gavel", "swf")
+#: Bounds a replayable trace stays within (a row beyond them is malformed, not a huge job):
+#: times in seconds (about 300 years), GPUs per job (hetslurm.placement.MAX_REQUEST), and
+#: cores, MiB and steps far past any real job.
+MAX_SECONDS = 1e10
+MAX_GPUS = 1 << 16
+MAX_COUNT = float(1 << 40)
 
 
 class TraceError(ConfigError):
@@ -97,26 +105,34 @@ class _Row:
             raise self.err(name, "is missing (short row)")
         return v.strip()
 
-    def num(self, name: str, *, low: float = 0.0) -> float:
+    def num(self, name: str, *, low: float = 0.0, high: float = MAX_COUNT) -> float:
         raw = self.text(name)
         try:
             v = float(raw)
         except ValueError:
             raise self.err(name, f"= {raw!r} is not a number") from None
-        if not math.isfinite(v) or v < low:
-            raise self.err(name, f"= {raw!r} is out of range (>= {low:g})")
+        if not math.isfinite(v) or not low <= v <= high:
+            raise self.err(name, f"= {raw!r} is out of range ({low:g}..{high:g})")
         return v
 
-    def int_(self, name: str, *, low: int = 0) -> int:
-        v = self.num(name, low=low)
+    def int_(self, name: str, *, low: int = 0, high: float = MAX_COUNT) -> int:
+        v = self.num(name, low=low, high=high)
         if not v.is_integer():
             raise self.err(name, f"= {self.text(name)!r} is not a whole number")
         return int(v)
 
 
+def _text(path: Path) -> str:
+    """The trace as text: a regular file, at most MAX_DATA_BYTES, UTF-8 without NULs."""
+    try:
+        return read_text_file(path, what="trace file", max_bytes=MAX_DATA_BYTES)
+    except ConfigError as exc:
+        raise TraceError(exc.message, file=exc.file, line=exc.line) from exc
+
+
 def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[_Row]:
-    with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
+    reader = csv.reader(io.StringIO(_text(path), newline=""))
+    try:
         header = next(reader, None)
         if header is None:
             raise TraceError(f"{path}: empty file")
@@ -124,6 +140,9 @@ def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[_Row]:
         missing = [r for r in required if r not in header]
         if missing:
             raise TraceError(f"{path}:1: header lacks column(s) {', '.join(missing)}")
+        repeated = sorted({h for h in header if header.count(h) > 1})
+        if repeated:
+            raise TraceError(f"{path}:1: header repeats column(s) {', '.join(repeated)}")
         for values in reader:
             if not values or all(not v.strip() for v in values):
                 continue
@@ -132,6 +151,9 @@ def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[_Row]:
                     f"{path}:{reader.line_num}: {len(values)} fields, header has {len(header)}"
                 )
             yield _Row(path, reader.line_num, dict(zip(header, values, strict=True)))
+    except csv.Error as exc:
+        # e.g. a field past csv's size limit (an unterminated quote swallowing the file).
+        raise TraceError(f"{path}:{reader.line_num}: not CSV: {exc}") from exc
 
 
 def _finish(path: Path, fmt: str, jobs: Iterable[TraceJob], skipped: dict[str, int]) -> Trace:
@@ -165,12 +187,12 @@ def read_alibaba(path: Path) -> Trace:
         if not row.text("scheduled_time") or not row.text("deletion_time"):
             skipped["never_scheduled"] += 1
             continue
-        created = row.num("creation_time")
-        start = row.num("scheduled_time")
-        end = row.num("deletion_time")
+        created = row.num("creation_time", high=MAX_SECONDS)
+        start = row.num("scheduled_time", high=MAX_SECONDS)
+        end = row.num("deletion_time", high=MAX_SECONDS)
         if end < start:
             raise row.err("deletion_time", f"= {end:g} is before scheduled_time {start:g}")
-        gpus = row.int_("num_gpu")
+        gpus = row.int_("num_gpu", high=MAX_GPUS)
         milli = row.int_("gpu_milli") if gpus else 1000
         if gpus and not 0 < milli <= 1000:
             raise row.err("gpu_milli", f"= {milli} is not in 1..1000")
@@ -227,8 +249,9 @@ def read_philly(path: Path) -> Trace:
         except ValueError:
             raise row.err("timestamp", f"= {raw!r} is not a date and time") from None
         jobs.append(TraceJob(
-            id=f"philly-{row.line}", submit=submit, duration=row.num("duration"),
-            gpus=row.int_("num_gpus", low=1),
+            id=f"philly-{row.line}", submit=submit,
+            duration=row.num("duration", high=MAX_SECONDS),
+            gpus=row.int_("num_gpus", low=1, high=MAX_GPUS),
         ))
     return _finish(path, "philly", jobs, {})
 
@@ -242,20 +265,22 @@ def read_gavel(path: Path) -> Trace:
     jobs: list[TraceJob] = []
     names = ("job_type", "command", "num_steps_arg", "needs_data_dir", "total_steps",
              "arrival_time", "scale_factor")
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            values = line.rstrip("\n").split("\t")
-            if len(values) != len(names):
-                raise TraceError(f"{path}:{line_no}: {len(values)} tab-separated fields, "
-                                 f"expected {len(names)}")
-            row = _Row(path, line_no, dict(zip(names, values, strict=True)))
-            jobs.append(TraceJob(
-                id=f"gavel-{line_no}", submit=row.num("arrival_time"), duration=None,
-                gpus=row.int_("scale_factor", low=1), job_type=row.text("job_type"),
-                steps=row.num("total_steps", low=1),
-            ))
+    # Lines split on "\n" only, as Gavel writes them: a stray CR stays in the last field.
+    for line_no, line in enumerate(_text(path).split("\n"), 1):
+        if not line.strip():
+            continue
+        values = line.split("\t")
+        if len(values) != len(names):
+            raise TraceError(f"{path}:{line_no}: {len(values)} tab-separated fields, "
+                             f"expected {len(names)}")
+        row = _Row(path, line_no, dict(zip(names, values, strict=True)))
+        if not row.text("job_type"):
+            raise row.err("job_type", "is empty")
+        jobs.append(TraceJob(
+            id=f"gavel-{line_no}", submit=row.num("arrival_time", high=MAX_SECONDS),
+            duration=None, gpus=row.int_("scale_factor", low=1, high=MAX_GPUS),
+            job_type=row.text("job_type"), steps=row.num("total_steps", low=1),
+        ))
     return _finish(path, "gavel", jobs, {})
 
 
@@ -274,12 +299,22 @@ def read_swf(path: Path) -> Trace:
     """
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as z:
-            members = [n for n in z.namelist() if n.endswith(".swf")]
+            members = [i for i in z.infolist() if i.filename.endswith(".swf")]
             if not members:
                 raise TraceError(f"{path}: the zip holds no .swf file")
+            # The declared size is checked before inflating (a small zip can inflate to
+            # gigabytes); zipfile itself refuses a member longer than it declares.
+            if members[0].file_size > MAX_DATA_BYTES:
+                raise TraceError(f"{path}: {members[0].filename} inflates to "
+                                 f"{members[0].file_size} bytes, over {MAX_DATA_BYTES}")
             text = z.read(members[0]).decode("utf-8", errors="replace")
     else:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            data = read_file_bytes(path, what="trace file", max_bytes=MAX_DATA_BYTES)
+        except ConfigError as exc:
+            raise TraceError(exc.message, file=exc.file, line=exc.line) from exc
+        # SWF logs are ASCII with free-text header comments; a stray byte there is kept.
+        text = decode_text(data, what="trace file", file=str(path), errors="surrogateescape")
     jobs: list[TraceJob] = []
     skipped = {"no_runtime": 0, "no_processors": 0}
     for line_no, line in enumerate(text.splitlines(), 1):
@@ -290,7 +325,7 @@ def read_swf(path: Path) -> Trace:
         if len(values) != len(_SWF_FIELDS):
             raise TraceError(f"{path}:{line_no}: {len(values)} fields, SWF has 18")
         row = _Row(path, line_no, dict(zip(_SWF_FIELDS, values, strict=True)))
-        run = row.num("run_time", low=-1)
+        run = row.num("run_time", low=-1, high=MAX_SECONDS)
         procs = row.int_("alloc_procs", low=-1)
         if procs <= 0:
             procs = row.int_("req_procs", low=-1)
@@ -300,7 +335,8 @@ def read_swf(path: Path) -> Trace:
         if procs <= 0:
             skipped["no_processors"] += 1
             continue
-        jobs.append(TraceJob(id=f"swf-{row.text('job')}", submit=row.num("submit"),
+        jobs.append(TraceJob(id=f"swf-{row.text('job')}", submit=row.num("submit",
+                                                                          high=MAX_SECONDS),
                              duration=run, gpus=0, cores=procs))
     return _finish(path, "swf", jobs, skipped)
 

@@ -38,6 +38,7 @@ from hetslurm.simulate.params import BACKFILLS, Params, load_params
 from hetslurm.simulate.traces import TraceJob
 from hetslurm.simulate.workload import SimJob, build_jobs, node_weights, partition_nodes
 from hetslurm.site.model import Site
+from hetslurm.textfile import read_text_file
 
 if TYPE_CHECKING:
     from hetslurm.testbed.cluster import Testbed
@@ -113,9 +114,7 @@ def load_workload(path: str | Path) -> Workload:
     """
     p = Path(path)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read the workload file ({exc.strerror})") from exc
+        data = tomllib.loads(read_text_file(p, what="workload file"))
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from exc
     _only(data, _TOP_KEYS, f"{p}")

@@ -32,6 +32,7 @@ from hetslurm.site.model import (
     place_devices,
 )
 from hetslurm.site.schema import SCHEMA_VERSION, SECTIONS, DeviceGroup, Levers, NodeClass, SiteFile
+from hetslurm.textfile import read_text_file
 
 MAX_NODES = 100_000
 _TIME_RE = re.compile(r"^(UNLIMITED|INFINITE|(\d+-)?\d+(:\d{1,2}){0,2})$")
@@ -73,15 +74,11 @@ def load_site(path: str | Path) -> Site:
     """Read, validate and resolve a site file.
 
     Raises:
-        ConfigError: the file is unreadable, not TOML, or breaks a rule; the message names
-            the file, key and line.
+        ConfigError: the file is unreadable, not UTF-8 text, not TOML, or breaks a rule; the
+            message names the file, key and line.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read site file: {exc.strerror}", file=str(p)) from exc
-    return parse_site(text, str(p))
+    return parse_site(read_text_file(p, what="site file"), str(p))
 
 
 def load_site_as_root(path: str | Path) -> Site:
@@ -127,6 +124,11 @@ def parse_site(text: str, path: str = "<site>") -> Site:
         raise ConfigError(
             f"not valid TOML: {exc}", file=path, line=int(m.group(1)) if m else None
         ) from exc
+    except RecursionError as exc:
+        # tomllib parses nested arrays and inline tables recursively; a site file has no
+        # reason to nest more than a few levels.
+        raise ConfigError("not valid TOML: arrays or inline tables nested too deeply",
+                          file=path) from exc
 
     version = raw.get("schema_version")
     if version is None:

@@ -170,7 +170,7 @@ def test_header(demo: Site) -> None:
 def test_sbatch_options_from_the_header() -> None:
     opts = sbatch_options("#!/bin/sh\n#SBATCH -p gpu --gres=gpu:2\n#SBATCH -N 2 --mem 4G\n"
                           "#SBATCH --no-requeue -C 'a|b'\necho\n#SBATCH -q late\n")
-    assert opts == JobOptions(partition="gpu", gres="gpu:2", nodes=2, mem="4G", requeue=False,
+    assert opts == JobOptions(partition="gpu", gres="gpu:2", nodes="2", mem="4G", requeue=False,
                               constraint="a|b")
 
 
