@@ -96,3 +96,28 @@ def own_testbed(prefix: str, site_file: Path) -> Iterator[Testbed]:
         left = marked_pids(str(root))
         shutil.rmtree(root, ignore_errors=True)
         assert left == [], f"testbed processes left running: {left}"
+
+
+def device_samples(env: dict[str, str], util: dict[int, float | None], now: float,
+                   window_s: float = 60.0, interval_s: float = 5.0):  # -> pandas.DataFrame
+    """Samples every ``interval_s`` over the window on each GPU the job holds (node and
+    Slurm index from the live allocation, as the collector attributes them); ``None``: the
+    GPU is in MIG mode (unknown). The idle rule needs every allocated GPU covered."""
+    import pandas as pd
+
+    from hetslurm.act.stall import allocated_devices
+    from hetslurm.slurm.cli_backend import CliBackend
+
+    held = {j.job_id: allocated_devices(j) or [] for j in CliBackend(env).jobs()
+            if j.job_id in util}
+    rows = []
+    t = now - window_s
+    while t < now:
+        for jid, u in util.items():
+            for node, idx in held.get(jid, []):
+                rows.append({"time": t, "node": node, "minor": idx, "slurm_index": idx,
+                             "job_id": jid, "utilization_pct": 0.0 if u is None else u,
+                             "memory_used_mib": 10.0, "status": "mig" if u is None else "ok",
+                             "interval_s": interval_s})
+        t += interval_s
+    return pd.DataFrame(rows).astype({"job_id": "Int64"})

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _cluster_helpers import Jobs
+from _cluster_helpers import Jobs, device_samples
 
 from hetslurm.act.log import ActionLog
 from hetslurm.act.output_mode import SlurmOutputProbe
@@ -47,20 +47,9 @@ def sbatch_script(jobs: Jobs, script: str, *args: str) -> str:
     return job_id
 
 
-def samples_for(util: dict[int, float | None], now: float):  # -> pandas.DataFrame
-    """Samples every 5 s over the window; ``None``: the GPU is in MIG mode (unknown)."""
-    import pandas as pd
-
-    rows = []
-    t = now - WINDOW_S
-    while t < now:
-        for jid, u in util.items():
-            rows.append({"time": t, "node": "gpu1", "minor": 0, "job_id": jid,
-                         "utilization_pct": 0.0 if u is None else u,
-                         "memory_used_mib": 10.0, "status": "mig" if u is None else "ok",
-                         "interval_s": 5.0})
-        t += 5.0
-    return pd.DataFrame(rows).astype({"job_id": "Int64"})
+def samples_for(util: dict[int, float | None], now: float, env: dict[str, str]):
+    """Samples every 5 s over the window on each GPU the job holds; ``None``: MIG (unknown)."""
+    return device_samples(env, util, now, WINDOW_S)
 
 
 def snapshot(env: dict[str, str], ids: list[str]) -> tuple[str, str]:
@@ -185,7 +174,7 @@ def test_requeue_stalled_batch(jobs: Jobs, slurm_env: dict[str, str], demo_site:
     # Dry run: Slurm is unchanged (scontrol and sacct), the log is not written.
     before = snapshot(slurm_env, ids)
     t1 = time.time() + AHEAD_S
-    dry = plan(backend, samples_for(util, t1), ctx, now=t1, log=log, output_probe=probe)
+    dry = plan(backend, samples_for(util, t1, slurm_env), ctx, now=t1, log=log, output_probe=probe)
     assert snapshot(slurm_env, ids) == before
     assert not log.path.exists()
     got = {d.job: (d.rule, d.action) for d in dry}
@@ -227,7 +216,7 @@ def test_requeue_stalled_batch(jobs: Jobs, slurm_env: dict[str, str], demo_site:
 
     # Second run, one second later on the policy's clock: the warned jobs are acted on.
     t2 = t1 + 1
-    second_plan = plan(backend, samples_for(util, t2), ctx, now=t2, log=log,
+    second_plan = plan(backend, samples_for(util, t2, slurm_env), ctx, now=t2, log=log,
                        output_probe=probe)
     assert finishing not in {d.job for d in second_plan}  # ended: not a running job now
     # The finishing job ended after the first decision: acting on that decision is refused

@@ -41,7 +41,7 @@ def _warned(jobs: Jobs, backend: CliBackend, ctx: Context, log: ActionLog, node:
     jid = next(j.job_id for j in backend.jobs() if j.display_id == job)
     t1 = time.time() + AHEAD_S
     probe = SlurmOutputProbe(jobs.env)
-    decided = plan(backend, samples_for({jid: 0.0}, t1), ctx, now=t1, log=log,
+    decided = plan(backend, samples_for({jid: 0.0}, t1, jobs.env), ctx, now=t1, log=log,
                    output_probe=probe)
     first = execute(backend, decided, ctx, log, now=t1, output_probe=probe)
     assert [o.result for o in first if o.job == job] == ["warned"]
@@ -71,7 +71,7 @@ def test_controller_down_at_the_requeue(jobs: Jobs, slurm_env: dict[str, str],
     backend = CliBackend(slurm_env)
     job, jid, t1 = _warned(jobs, backend, ctx, log, "gpu3")
     t2 = t1 + 1
-    decided = plan(backend, samples_for({jid: 0.0}, t2), ctx, now=t2, log=log,
+    decided = plan(backend, samples_for({jid: 0.0}, t2, jobs.env), ctx, now=t2, log=log,
                      output_probe=SlurmOutputProbe(slurm_env))
     flaky = _ControllerGoesDown(slurm_env, testbed)
     try:
@@ -88,14 +88,14 @@ def test_controller_down_at_the_requeue(jobs: Jobs, slurm_env: dict[str, str],
     assert jobs.field(job, "Restarts") == "0"
     # The next tick acts, once; the one after finds nothing to do.
     t3 = t2 + 1
-    again = plan(backend, samples_for({jid: 0.0}, t3), ctx, now=t3, log=log,
+    again = plan(backend, samples_for({jid: 0.0}, t3, jobs.env), ctx, now=t3, log=log,
                  output_probe=SlurmOutputProbe(slurm_env))
     done = {o.job: o.result for o in execute(backend, again, ctx, log, now=t3,
                 output_probe=SlurmOutputProbe(slurm_env))}
     assert done[job] == "done"
     assert jobs.field(job, "Restarts") == "1"
     t4 = t3 + 1
-    later = plan(backend, samples_for({jid: 0.0}, t4), ctx, now=t4, log=log,
+    later = plan(backend, samples_for({jid: 0.0}, t4, jobs.env), ctx, now=t4, log=log,
                  output_probe=SlurmOutputProbe(slurm_env))
     assert all(d.action in ("none",) for d in later if d.job == job), later
     execute(backend, later, ctx, log, now=t4,
@@ -111,7 +111,7 @@ def test_node_lost_between_decision_and_requeue(jobs: Jobs, slurm_env: dict[str,
     node = "gpu4"
     job, jid, t1 = _warned(jobs, backend, ctx, log, node)
     t2 = t1 + 1
-    decided = plan(backend, samples_for({jid: 0.0}, t2), ctx, now=t2, log=log,
+    decided = plan(backend, samples_for({jid: 0.0}, t2, jobs.env), ctx, now=t2, log=log,
                      output_probe=SlurmOutputProbe(slurm_env))
     assert [d.action for d in decided if d.job == job] == ["requeue"]
     backend.update_node(node, NodeStateChange.DOWN, reason="hetslurm fault test")
@@ -134,3 +134,36 @@ def test_node_lost_between_decision_and_requeue(jobs: Jobs, slurm_env: dict[str,
         deadline = time.monotonic() + 60
         while "DOWN" in backend.node(node).state and time.monotonic() < deadline:
             time.sleep(1)
+
+
+def test_collector_down_on_one_node_of_a_two_node_job(jobs: Jobs, slurm_env: dict[str, str],
+                                                      demo_site: Site, tmp_path: Path) -> None:
+    """A 2-node GPU job whose second node's collector is down: the visible half idles, but
+    half the allocated GPUs are unreported, so the job is unknown, never idle (finding 2)."""
+    from _cluster_helpers import device_samples
+
+    ctx = _ctx(demo_site, tmp_path)
+    log = ActionLog(ctx.stall.action_log)
+    backend = CliBackend(slurm_env)
+    job = jobs.sbatch("-p", "gpu", "-N", "2", "--gres=gpu:1", "-o", "/dev/null", "--requeue",
+                      script="sleep 300")
+    wait_running(jobs, job)
+    info = next(j for j in backend.jobs() if j.display_id == job)
+    assert len(info.nodes) == 2
+    probe = SlurmOutputProbe(slurm_env)
+    for when in (0, 1):  # the warning run and the one that would act
+        t = time.time() + AHEAD_S + when
+        full = device_samples(slurm_env, {info.job_id: 0.0}, t, WINDOW_S)
+        assert set(full["node"]) == set(info.nodes)
+        half = full[full["node"] == info.nodes[0]]
+        decided = plan(backend, half, ctx, now=t, log=log, output_probe=probe)
+        mine = [d for d in decided if d.job == job]
+        assert [(d.rule, d.action) for d in mine] == [("unknown-metrics", "none")], mine
+        assert "1 of 2 allocated GPU(s)" in mine[0].reason, mine[0].reason
+        execute(backend, decided, ctx, log, now=t, output_probe=probe)
+    assert jobs.field(job, "JobState") == "RUNNING" and jobs.field(job, "Restarts") == "0"
+    # With both nodes reported the same idle job is idle: the test can fail.
+    t = time.time() + AHEAD_S + 2
+    both = plan(backend, device_samples(slurm_env, {info.job_id: 0.0}, t, WINDOW_S), ctx,
+                now=t, log=log, output_probe=probe)
+    assert [d.rule for d in both if d.job == job] == ["idle"]

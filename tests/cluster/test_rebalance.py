@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from _cluster_helpers import Jobs
+from _cluster_helpers import Jobs, device_samples
 
 from hetslurm.act.log import ActionLog
 from hetslurm.act.output_mode import SlurmOutputProbe
@@ -81,18 +81,8 @@ def sbatch_script(jobs: Jobs, script: str, *args: str) -> str:
     return job_id
 
 
-def samples_for(util: dict[int, float], now: float):  # -> pandas.DataFrame
-    import pandas as pd
-
-    rows = []
-    t = now - 60
-    while t < now:
-        for jid, u in util.items():
-            rows.append({"time": t, "node": "gpu1", "minor": 0, "job_id": jid,
-                         "utilization_pct": u, "memory_used_mib": 10.0, "status": "ok",
-                         "interval_s": 5.0})
-        t += 5.0
-    return pd.DataFrame(rows).astype({"job_id": "Int64"})
+def samples_for(util: dict[int, float], now: float, env: dict[str, str]):
+    return device_samples(env, dict(util), now, 60.0)
 
 
 def snapshot(env: dict[str, str], ids: list[str]) -> tuple[str, str]:
@@ -164,7 +154,7 @@ def test_rebalance_dry_run_then_apply(jobs: Jobs, slurm_env: dict[str, str], tes
 
     def go(apply: bool, now: float) -> RebalanceResult:
         return rebalance(backend, RebalanceRequest(apply=apply), site, target=target,
-                         samples=samples_for({idle_id: 0.0}, now), now=now,
+                         samples=samples_for({idle_id: 0.0}, now, slurm_env), now=now,
                          output_probe=probe, env=slurm_env)
 
     # Dry run: Slurm unchanged, nothing written.
