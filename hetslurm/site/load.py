@@ -108,10 +108,9 @@ def read_site_as_root(path: str | Path) -> str:
             data = p.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read site file: {exc.strerror}", file=str(p)) from exc
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"not UTF-8 text (byte {exc.start})", file=str(p)) from None
+    from hetslurm.textfile import decode_text
+
+    return decode_text(data, what="site file", file=str(p))
 
 
 def parse_site(text: str, path: str = "<site>") -> Site:

@@ -106,10 +106,16 @@ def device_samples(env: dict[str, str], util: dict[int, float | None], now: floa
     import pandas as pd
 
     from hetslurm.act.stall import allocated_devices
+    from hetslurm.errors import HetslurmError
     from hetslurm.slurm.cli_backend import CliBackend
 
-    held = {j.job_id: allocated_devices(j) or [] for j in CliBackend(env).jobs()
-            if j.job_id in util}
+    backend = CliBackend(env)
+    held: dict[int, list[tuple[str, int]]] = {}
+    for jid in util:
+        try:
+            held[jid] = allocated_devices(backend.job(jid)) or []
+        except HetslurmError:  # ended and gone: no GPU, no samples
+            held[jid] = []
     rows = []
     t = now - window_s
     while t < now:
@@ -120,4 +126,6 @@ def device_samples(env: dict[str, str], util: dict[int, float | None], now: floa
                              "memory_used_mib": 10.0, "status": "mig" if u is None else "ok",
                              "interval_s": interval_s})
         t += interval_s
-    return pd.DataFrame(rows).astype({"job_id": "Int64"})
+    columns = ["time", "node", "minor", "slurm_index", "job_id", "utilization_pct",
+               "memory_used_mib", "status", "interval_s"]
+    return pd.DataFrame(rows, columns=columns).astype({"job_id": "Int64"})
