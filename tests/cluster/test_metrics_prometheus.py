@@ -1,6 +1,6 @@
 """The Prometheus path round-trips the file store's numbers.
 
-Debian's ``prometheus`` (installed here if missing, its system service kept from starting)
+Debian's ``prometheus`` (installed here if no_jobs, its system service kept from starting)
 runs on a free loopback port with its own config and data folder and scrapes
 ``hetslurm exporter`` every 250 ms while the collector writes one segment per 1 s tick.
 The audit read from Prometheus must equal the audit read from the files. Needs no testbed.
@@ -133,11 +133,12 @@ def test_prometheus_round_trips_the_store(prometheus: tuple[str, SegmentStore],
     assert a["status"].astype(str).tolist() == b["status"].astype(str).tolist()
     assert a["job_gpus"].astype(str).tolist() == b["job_gpus"].astype(str).tolist()
 
-    # The same audit numbers from both sources (no sacct here: sample-side tables).
-    missing = tmp_path / "no-sacct.json"
+    # The same audit numbers from both sources (no jobs in accounting: sample-side tables).
+    no_jobs = tmp_path / "no-jobs.json"
+    no_jobs.write_text('{"jobs": []}')
     via_files = run_audit(AuditRequest(since, until, store=str(store.root),
-                                       sacct_file=str(missing)), demo_site, now=until).tables
-    via_prom = run_audit(AuditRequest(since, until, prometheus=url, sacct_file=str(missing)),
+                                       sacct_file=str(no_jobs)), demo_site, now=until).tables
+    via_prom = run_audit(AuditRequest(since, until, prometheus=url, sacct_file=str(no_jobs)),
                          demo_site, now=until).tables
     for name in via_files:
         pd.testing.assert_frame_equal(via_files[name], via_prom[name], check_dtype=False,
