@@ -40,7 +40,7 @@ from typing import Any
 from hetslurm.act import notify as notifier
 from hetslurm.act.log import ActionLog
 from hetslurm.act.output_mode import OutputProbe
-from hetslurm.errors import HetslurmError
+from hetslurm.errors import BackendError, HetslurmError
 from hetslurm.site.schema import Collector, Stall, Usage
 from hetslurm.slurm.backend import JobInfo, NotFoundError, SlurmBackend
 from hetslurm.slurm.units import GresItem, parse_gres
@@ -793,6 +793,14 @@ def _wait_for(backend: SlurmBackend, ref: str, restarts_before: int | None, want
             j = backend.job(ref)
         except NotFoundError:
             return False, "job vanished after the action"
+        except BackendError as exc:
+            # slurmctld restarting right after the action: it keeps its state, so read
+            # again until it answers or the timeout passes (never act a second time).
+            seen = f"Slurm did not answer: {exc}"
+            if time.monotonic() >= deadline:
+                return False, seen
+            sleep(0.5)
+            continue
         seen = f"state {j.state}, restarts {j.restarts}, reason {j.reason}"
         # An unknown count (before or now) never shows a requeue happened.
         raised = (j.restarts is not None and restarts_before is not None

@@ -1,12 +1,14 @@
 """Faults while requeue-stalled acts on the real testbed (issue 18): slurmctld down at the
-moment of the requeue, and the job's node lost (marked DOWN through the access layer,
-``update_node``) between the decision and the action. Each: the job is acted on at most once,
-the action log says what happened, nothing raises out of ``execute``."""
+moment of the requeue, slurmctld restarted between the requeue and its verification, and the
+job's node lost (marked DOWN through the access layer, ``update_node``) between the decision
+and the action. Each: the job is acted on at most once, the action log says what happened,
+nothing raises out of ``execute``."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -100,6 +102,63 @@ def test_controller_down_at_the_requeue(jobs: Jobs, slurm_env: dict[str, str],
     assert all(d.action in ("none",) for d in later if d.job == job), later
     execute(backend, later, ctx, log, now=t4,
                 output_probe=SlurmOutputProbe(slurm_env))
+    assert jobs.field(job, "Restarts") == "1"
+
+
+class _ControllerRestarts(CliBackend):
+    """The access layer, with slurmctld restarted right after it accepted the requeue: stopped
+    at once, started again by a thread a few seconds later, while verification reads."""
+
+    def __init__(self, env: dict[str, str], testbed: Testbed) -> None:
+        super().__init__(env)
+        self.testbed = testbed
+        self.restarter: threading.Thread | None = None
+
+    def requeue(self, job_id: Any, *, incomplete: bool = True) -> None:
+        super().requeue(job_id, incomplete=incomplete)
+        if self.restarter is None:
+            self.testbed.stop_daemon("slurmctld")
+
+            def back() -> None:
+                time.sleep(3)
+                self.testbed.start_daemon("slurmctld")
+
+            self.restarter = threading.Thread(target=back)
+            self.restarter.start()
+
+
+def test_controller_restarted_during_the_requeue(jobs: Jobs, slurm_env: dict[str, str],
+                                                 testbed: Testbed, demo_site: Site,
+                                                 tmp_path: Path) -> None:
+    """slurmctld restarted between the requeue and its verification (what `rebalance --apply`
+    runs for requeue-stalled): the action is verified once the controller answers again, logged
+    done once, and the next tick does nothing more."""
+    ctx = _ctx(demo_site, tmp_path)
+    log = ActionLog(ctx.stall.action_log)
+    backend = CliBackend(slurm_env)
+    job, jid, t1 = _warned(jobs, backend, ctx, log, "gpu3")
+    t2 = t1 + 1
+    decided = plan(backend, samples_for({jid: 0.0}, t2, jobs.env), ctx, now=t2, log=log,
+                   output_probe=SlurmOutputProbe(slurm_env))
+    restarting = _ControllerRestarts(slurm_env, testbed)
+    try:
+        out = {o.job: o for o in execute(restarting, decided, ctx, log, now=t2,
+                                         output_probe=SlurmOutputProbe(slurm_env))}
+    finally:
+        if restarting.restarter is not None:
+            restarting.restarter.join()
+        else:
+            testbed.start_daemon("slurmctld")
+    assert restarting.restarter is not None
+    assert out[job].result == "done", out[job]
+    acted = [e for e in log.entries("action") if e["job"] == job]
+    assert [e["result"] for e in acted] == ["done"], acted
+    assert jobs.field(job, "Restarts") == "1"
+    t3 = t2 + 1
+    later = plan(backend, samples_for({jid: 0.0}, t3, jobs.env), ctx, now=t3, log=log,
+                 output_probe=SlurmOutputProbe(slurm_env))
+    assert all(d.action == "none" for d in later if d.job == job), later
+    execute(backend, later, ctx, log, now=t3, output_probe=SlurmOutputProbe(slurm_env))
     assert jobs.field(job, "Restarts") == "1"
 
 

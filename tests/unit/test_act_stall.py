@@ -238,6 +238,33 @@ def test_one_failure_never_stops_the_others(tmp_path: Path) -> None:
     assert any(e["result"] == "failed" for e in log.entries("action"))
 
 
+def test_controller_restarting_after_the_requeue_is_waited_for(tmp_path: Path) -> None:
+    """Issue 18: slurmctld restarts right after accepting the requeue. Verification reads
+    again until it answers (its state survives the restart): done, logged once, not failed."""
+    class Restarts(FakeSlurm):
+        down_reads = 0
+
+        def requeue(self, job_id, *, incomplete=True):  # type: ignore[no-untyped-def]
+            super().requeue(job_id, incomplete=incomplete)
+            self.down_reads = 3
+
+        def job(self, ref):  # type: ignore[no-untyped-def]
+            if self.down_reads:
+                self.down_reads -= 1
+                raise BackendError("scontrol: error: Unable to contact slurm controller")
+            return super().job(ref)
+
+    fake = Restarts(nodes=cluster().nodes(), jobs=[job(1)])
+    log = ActionLog(tmp_path / "a.jsonl")
+    c = ctx()
+    _warned(fake, log, c, [1])
+    d = plan(fake, samples({1: 0.0}), c, now=NOW, log=log, output_probe=append_probe)
+    out = execute(fake, d, c, log, now=NOW, output_probe=append_probe, sleep=lambda s: None)
+    assert [o.result for o in out] == ["done"]
+    assert fake.job(1).restarts == 1 and fake.down_reads == 0
+    assert [e["result"] for e in log.entries("action")] == ["done"]
+
+
 def test_hold_and_cancel_are_verified(tmp_path: Path) -> None:
     fake = cluster(job(1, restarts=2), job(2, batch=False))
     log = ActionLog(tmp_path / "a.jsonl")
