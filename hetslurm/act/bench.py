@@ -40,8 +40,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from hetslurm.process import run_command
 from hetslurm.site.synthetic import gpu_site_toml
-from hetslurm.slurm.run import run_command
 
 NOW = 1_790_000_000.0
 WINDOW_S = 3600

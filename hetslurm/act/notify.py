@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hetslurm.errors import HetslurmError
-from hetslurm.slurm.run import run_command
+from hetslurm.process import run_command
 
 PLACEHOLDERS = ("{job}", "{user}", "{action}", "{rule}")
 #: Longest placeholder value put into an argument, and longest notifier stderr kept in the

@@ -20,8 +20,8 @@ import shlex
 from collections.abc import Callable, Mapping
 
 from hetslurm.errors import HetslurmError
+from hetslurm.process import run_command
 from hetslurm.slurm.parse import scontrol_pairs
-from hetslurm.slurm.run import run_command
 
 #: ``append``, ``truncate`` (the script says so), ``discarded`` (/dev/null) or ``unknown``.
 OutputProbe = Callable[[str], str]

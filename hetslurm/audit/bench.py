@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from hetslurm.audit.peakrss import parse_marker
+from hetslurm.process import run_command
 from hetslurm.site.load import parse_site
 from hetslurm.site.model import Site
 from hetslurm.site.synthetic import gpu_site_toml
-from hetslurm.slurm.run import run_command
 
 T_START = 1_790_000_000.0  # a fixed month, so runs are comparable
 DAYS = 30

@@ -25,9 +25,9 @@ from typing import Annotated, Any
 import msgspec
 
 from hetslurm.errors import HetslurmError, MetricsError
+from hetslurm.process import run_command
 from hetslurm.site.model import Site
 from hetslurm.slurm.parse import TESTED_JSON_PLUGINS, json_data_parser, json_plugin
-from hetslurm.slurm.run import run_command
 from hetslurm.slurm.units import NO_VAL, expand_hostlist
 
 SACCT_TIMEOUT_S = 600.0

@@ -39,8 +39,8 @@ from hetslurm.hook import hostile, luatimer
 from hetslurm.hook.install import set_installed_mode
 from hetslurm.hook.render import render_hook
 from hetslurm.hook.standin import HookRuntime
+from hetslurm.process import run_command
 from hetslurm.site import load_site
-from hetslurm.slurm.run import run_command
 
 _SDIAG_DBD_QUEUE = re.compile(r"DBD Agent queue size:\s*(\d+)")
 _SDIAG_SUBMIT = re.compile(r"REQUEST_SUBMIT_BATCH_JOB\s*\(\s*\d+\)\s*count:(\d+)\s*ave_time:\d+"

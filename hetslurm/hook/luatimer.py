@@ -18,7 +18,7 @@ import shutil
 import struct
 from pathlib import Path
 
-from hetslurm.slurm.run import run_command
+from hetslurm.process import run_command
 
 ENV = "HETSLURM_LUA_TIMER"
 

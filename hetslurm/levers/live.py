@@ -31,11 +31,11 @@ import hostlist
 from hetslurm.errors import CommandError, HetslurmError, RolloutError
 from hetslurm.levers import qos as qos_mod
 from hetslurm.levers.rollout import Plan, classify
+from hetslurm.process import run_command
 from hetslurm.site import Site
 from hetslurm.site import levers as site_levers
 from hetslurm.site.render import FRAGMENT_FILES, Runtime, render, write_rendered
 from hetslurm.slurm import get_backend
-from hetslurm.slurm.run import run_command
 
 HEALTH_TIMEOUT_S = 90.0
 MAX_BACKUPS = 20

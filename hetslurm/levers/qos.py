@@ -3,7 +3,7 @@
 Only the QOS named in ``[levers.qos]`` are touched, and only the fields hetslurm manages
 (priority, usage factor, per-user and per-job TRES limits, jobs per user, wall time); other
 QOS and other fields stay as the admin left them. Every sacctmgr call goes through
-:func:`hetslurm.slurm.run.run_command` with a timeout.
+:func:`hetslurm.process.run_command` with a timeout.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetslurm.levers.rollout import Change, Plan
+from hetslurm.process import run_command
 from hetslurm.site import Site
 from hetslurm.site import levers as site_levers
 from hetslurm.slurm import QosInfo, units
-from hetslurm.slurm.run import run_command
 
 SACCTMGR_TIMEOUT_S = 60.0
 

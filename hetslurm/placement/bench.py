@@ -296,7 +296,7 @@ def bench_placement(sizes: Sequence[int] = (1000, 10_000), *, alibaba: bool = Tr
                     calls: int = 5000, reference_calls: int = 20, batch_jobs: int = 10_000,
                     log: Log = lambda _m: None) -> dict[str, Any]:
     """Run every entry in its own interpreter and collect ``{"results": [...], ...}``."""
-    from hetslurm.slurm.run import run_command
+    from hetslurm.process import run_command
 
     names = [f"synthetic-{n}" for n in sizes] + (["alibaba"] if alibaba else [])
     results: list[dict[str, Any]] = []

@@ -392,7 +392,7 @@ def run_testbed(w: Workload, pl: Plan, policy: str, root: Path, *,
         TestbedError: the folder's testbed already runs, a job did not complete, sacct
             lacks a record in time.
     """
-    from hetslurm.slurm.run import run_command
+    from hetslurm.process import run_command
     from hetslurm.testbed.procs import marked_pids
 
     say = log or (lambda _m: None)
@@ -437,7 +437,7 @@ def run_testbed(w: Workload, pl: Plan, policy: str, root: Path, *,
 
 def _wait_done(env: Mapping[str, str], sub: _Submitted, policy: str, budget: float,
                progress: Progress | None) -> None:
-    from hetslurm.slurm.run import run_command
+    from hetslurm.process import run_command
 
     deadline = time.monotonic() + budget
     ours = {str(k) for k in sub.ids}
@@ -459,7 +459,7 @@ def _stamp(text: str) -> float:
 
 
 def _sacct(env: Mapping[str, str], sub: _Submitted, n: int, timeout: float = 120) -> Outcome:
-    from hetslurm.slurm.run import run_command
+    from hetslurm.process import run_command
 
     fields = ("JobIDRaw", "Submit", "Start", "End", "State", "NodeList")
     ids = ",".join(str(k) for k in sub.ids)

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hetslurm.errors import BackendError, CommandError, CommandFailure
+from hetslurm.process import CommandResult, run_command
 from hetslurm.slurm import parse, units
 from hetslurm.slurm.backend import (
     JobInfo,
@@ -26,7 +27,6 @@ from hetslurm.slurm.backend import (
     SlurmBackend,
     Switches,
 )
-from hetslurm.slurm.run import CommandResult, run_command
 from hetslurm.slurm.units import GresItem
 
 #: Seconds any one Slurm command may take before its process group is killed.

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hetslurm.process import run_command
 from hetslurm.site import load_site
-from hetslurm.slurm.run import run_command
 from hetslurm.testbed.cluster import Testbed, default_site
 from hetslurm.testbed.procs import marked_pids
 

@@ -25,9 +25,9 @@ from typing import Any
 
 from hetslurm.errors import CommandError, PlacementError, TestbedError
 from hetslurm.levers.rollout import classify
+from hetslurm.process import run_command
 from hetslurm.site import Site, load_site
 from hetslurm.site.render import Runtime, device_files, render, write_rendered
-from hetslurm.slurm.run import run_command
 from hetslurm.testbed import packages, procs
 from hetslurm.testbed.procs import Proc
 

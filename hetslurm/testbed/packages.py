@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 from hetslurm.errors import TestbedError
-from hetslurm.slurm.run import run_command
+from hetslurm.process import run_command
 
 #: What SLURM-TESTBED.md found sufficient on Debian 12 (Slurm 22.05.8, job_submit_lua in
 #: slurm-wlm-basic-plugins, linked against Lua 5.1).

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from hetslurm.errors import RolloutError, TestbedError
 from hetslurm.levers.live import Target, ping
+from hetslurm.process import run_command
 from hetslurm.site import Site
-from hetslurm.slurm.run import run_command
 from hetslurm.testbed import procs
 from hetslurm.testbed.cluster import DAEMON_WAIT_S, State, Testbed
 

@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from hetslurm.process import run_command
 from hetslurm.site import Site
-from hetslurm.slurm.run import run_command
 from hetslurm.testbed import Testbed
 from hetslurm.testbed.procs import marked_pids
 

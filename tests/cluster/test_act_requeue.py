@@ -28,11 +28,11 @@ from hetslurm.metrics.collector import Collector
 from hetslurm.metrics.fake_nvml import FakeNvml, scenario_for_devices
 from hetslurm.metrics.gres import device_minor, load_gres_conf
 from hetslurm.metrics.store import SegmentStore
+from hetslurm.process import run_command
 from hetslurm.site import Site
 from hetslurm.site.schema import Stall, Usage
 from hetslurm.slurm.backend import JobInfo
 from hetslurm.slurm.cli_backend import CliBackend
-from hetslurm.slurm.run import run_command
 from hetslurm.testbed import Testbed
 
 AHEAD_S = 120.0

@@ -17,7 +17,7 @@ from hetslurm.errors import PARTIAL_EXIT
 from hetslurm.metrics.fake_nvml import scenario_for_devices
 from hetslurm.metrics.gres import device_minor, load_gres_conf
 from hetslurm.metrics.store import SegmentStore
-from hetslurm.slurm.run import run_command
+from hetslurm.process import run_command
 from hetslurm.testbed import Testbed
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,8 +20,8 @@ from _cluster_helpers import Jobs
 
 from hetslurm.hook.install import check_hook, install_text, set_installed_mode
 from hetslurm.hook.render import render_hook
+from hetslurm.process import run_command
 from hetslurm.site import Site
-from hetslurm.slurm.run import run_command
 from hetslurm.testbed import Testbed
 
 DEMO_FILE = Path(__file__).resolve().parents[2] / "site-configs" / "demo.toml"

@@ -14,7 +14,7 @@ from _cluster_helpers import Jobs
 from test_hook_cluster import show
 
 from hetslurm.hook import hostile
-from hetslurm.slurm.run import run_command
+from hetslurm.process import run_command
 
 FIELD_SHOWN = {"tres_per_node": "TresPerNode", "features": "Features", "partition": "Partition"}
 

@@ -16,8 +16,8 @@ import pytest
 from _cluster_helpers import Jobs, own_testbed
 
 from hetslurm.levers import diff
+from hetslurm.process import run_command
 from hetslurm.site import levers, load_site
-from hetslurm.slurm.run import run_command
 from hetslurm.testbed import Testbed
 from hetslurm.testbed.target import rollout_target
 

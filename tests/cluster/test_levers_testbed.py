@@ -20,9 +20,9 @@ from click.testing import CliRunner
 from hetslurm.cli import cli
 from hetslurm.errors import RolloutError
 from hetslurm.levers import apply, diff, rollback
+from hetslurm.process import run_command
 from hetslurm.site import Site, load_site
 from hetslurm.site.load import parse_site
-from hetslurm.slurm.run import run_command
 from hetslurm.testbed import Testbed
 from hetslurm.testbed.target import rollout_target
 

@@ -28,10 +28,10 @@ from _cluster_helpers import Jobs, device_samples
 from hetslurm.act.log import ActionLog
 from hetslurm.act.output_mode import SlurmOutputProbe
 from hetslurm.act.rebalance import RebalanceRequest, RebalanceResult, rebalance
+from hetslurm.process import run_command
 from hetslurm.site import load_site
 from hetslurm.slurm.backend import JobInfo
 from hetslurm.slurm.cli_backend import CliBackend
-from hetslurm.slurm.run import run_command
 from hetslurm.testbed import Testbed
 from hetslurm.testbed.target import rollout_target
 

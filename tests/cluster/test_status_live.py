@@ -12,7 +12,7 @@ from _cluster_helpers import Jobs
 from click.testing import CliRunner
 
 from hetslurm.cli import cli
-from hetslurm.slurm.run import run_command
+from hetslurm.process import run_command
 
 # States in which Slurm starts no new work on a node (see hetslurm/status.py).
 _UNAVAILABLE = ("DRAIN", "DOWN", "NOT_RESPONDING", "FAIL", "RESERVED", "MAINTENANCE",

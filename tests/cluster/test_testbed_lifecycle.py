@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hetslurm.slurm.run import run_command
+from hetslurm.process import run_command
 from hetslurm.testbed import Testbed
 from hetslurm.testbed.procs import marked_pids, proc_name
 

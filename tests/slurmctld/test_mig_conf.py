@@ -32,9 +32,9 @@ from test_rendered_conf_accepted import (
     _which,
 )
 
+from hetslurm.process import run_command
 from hetslurm.site import levers, load_site
 from hetslurm.site.render import Runtime, render, write_rendered
-from hetslurm.slurm.run import run_command
 
 pytestmark = pytest.mark.slurmctld
 

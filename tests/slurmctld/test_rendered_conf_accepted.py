@@ -28,9 +28,9 @@ from pathlib import Path
 import hostlist
 import pytest
 
+from hetslurm.process import run_command
 from hetslurm.site import NodeSpec, Site, load_site
 from hetslurm.site.render import Runtime, device_files, render, write_rendered
-from hetslurm.slurm.run import run_command
 
 pytestmark = pytest.mark.slurmctld
 

@@ -1,6 +1,6 @@
 """Hostile-input corpus for Slurm's JSON (issue 18): ``squeue --json`` and ``sinfo --json``
 as :mod:`hetslurm.slurm.parse` reads them, ``sacct --json`` as :mod:`hetslurm.audit.sacct`
-does, and the bytes :func:`hetslurm.slurm.run.run_command` turns into text.
+does, and the bytes :func:`hetslurm.process.run_command` turns into text.
 
 Every case has an exact oracle: a value the field must parse to (None for a sentinel or a
 missing key, UNLIMITED for an infinite time limit, the string as written), or an error of
@@ -25,8 +25,8 @@ import pytest
 
 from hetslurm.audit.sacct import parse_sacct_json
 from hetslurm.errors import BackendError, MetricsError
+from hetslurm.process import run_command
 from hetslurm.slurm import parse
-from hetslurm.slurm.run import run_command
 from hetslurm.slurm.units import INFINITE, INFINITE64, NO_VAL, NO_VAL64, UNLIMITED
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"

@@ -221,9 +221,9 @@ def test_cli_backend_reads_switch_requests_from_squeue_columns(
     """What `squeue -h -t PD -O JobID:24,ReqSwitch:12,Wait4Switch:24` printed on the
     testbed (22.05 caps the wait at max_switch_wait, 5:00); squeue --json has no such field."""
     from hetslurm.errors import CommandError, CommandFailure
+    from hetslurm.process import CommandResult
     from hetslurm.slurm.backend import Switches
     from hetslurm.slurm.cli_backend import CliBackend
-    from hetslurm.slurm.run import CommandResult
 
     printed = ("4                       1           5:00                    \n"
                "3                       1           0:00                    \n"

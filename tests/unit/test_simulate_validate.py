@@ -15,11 +15,11 @@ from click.testing import CliRunner
 from hetslurm.cli import cli
 from hetslurm.errors import ConfigError
 from hetslurm.placement.model import ClusterModel
+from hetslurm.process import CommandResult
 from hetslurm.simulate import validate as v
 from hetslurm.simulate.params import load_params
 from hetslurm.simulate.workload import node_weights
 from hetslurm.site.load import load_site
-from hetslurm.slurm.run import CommandResult
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = ROOT / "site-configs" / "validate-workload.toml"
@@ -169,7 +169,7 @@ def test_sacct_records_become_times_from_the_first_submission(
         assert argv[:2] == ["sacct", "-X"] and "41,42" in argv
         return CommandResult(tuple(argv), 0, out, "")
 
-    monkeypatch.setattr("hetslurm.slurm.run.run_command", fake)
+    monkeypatch.setattr("hetslurm.process.run_command", fake)
     sub = v._Submitted({41: 0, 42: 1})
     got = v._sacct({}, sub, 2)
     assert got.submit == [0.0, 2.0] and got.start == [1.0, 31.0] and got.end == [31.0, 61.0]
@@ -183,7 +183,7 @@ def test_a_job_that_did_not_complete_fails_the_run(monkeypatch: pytest.MonkeyPat
     from hetslurm.errors import TestbedError
 
     out = "7|2026-11-30T05:00:00|2026-11-30T05:00:01|2026-11-30T05:01:01|TIMEOUT|gpu1\n"
-    monkeypatch.setattr("hetslurm.slurm.run.run_command",
+    monkeypatch.setattr("hetslurm.process.run_command",
                         lambda argv, **_kw: CommandResult(tuple(argv), 0, out, ""))
     with pytest.raises(TestbedError, match=r"did not complete: \{7: 'TIMEOUT'\}"):
         v._sacct({}, v._Submitted({7: 0}), 1)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hetslurm.errors import BackendError, CommandError
-from hetslurm.slurm.run import run_command
+from hetslurm.process import run_command
 
 
 def test_returns_output_and_passes_env_and_input() -> None:

@@ -1,4 +1,6 @@
-"""The one way hetslurm runs a subprocess.
+"""The one way hetslurm runs a subprocess (Slurm's CLIs go through the access layer in
+``hetslurm/slurm/``, which runs them with this; other tools — mariadb, apt-get, cc, a
+notifier — use it directly).
 
 Every external command (Slurm's CLIs, daemons, tools) goes through :func:`run_command`:
 an argument list (never a shell), a timeout always, and on timeout the whole process
