@@ -782,6 +782,402 @@ local function fast_decide(job, rules, hetreq, source, text)
     count and ("gpus=" .. decimal(n) .. " class=" .. name) or ("class=" .. name))
 end
 
+-- The meaning of a request: resolve ------------------------------------------------------------
+
+-- resolve(req, given, rules, gx, fx, d, loc) -> r, or nil, family, message
+-- What a parsed request means on this site, written once: Python's `resolve` runs this same
+-- function (hetslurm.placement.request), so explain, place, simulate and relax read the
+-- meaning slurmctld enforces. req: hetreq.parse's table; given: the keys the text named; gx,
+-- fx: the job's own GPU and FPGA requests (explicit_devices; nil from Python); d: the decision,
+-- which collects notes and kept fields; loc(key): the message prefix for where a key was given
+-- ("#HET line 3: " in the hook, "" from Python). The result r:
+--   cls                 the class entry of rules.classes (or nil)
+--   gpu_job, gpu_count  GPUs asked for, per node (gpu_count nil when the job's own option counts)
+--   gpu_models          the models enforced, in preference order ({}: any model)
+--   own_gpu_models      the same before energy=low narrowed them (what relax may widen to)
+--   gpu_typed_explicit  the job named a GPU type itself (--gres=gpu:a100:2)
+--   fpga_job, fpga_models, fpga_typed_explicit   likewise for FPGAs
+--   cpu_only            the class runs on CPU-only nodes
+--   partition, qos      from the class; qos from priority= when the site maps it
+-- family is a key of codes(): the errno family of the mistake.
+local function resolve(req, given, rules, gx, fx, d, loc)
+  -- Models named in the request exist on this site (checked first).
+  if given["gpu-type"] and #req.gpu_models > 0 then
+    local bad = model_check(req.gpu_models, rules.gpu_models, "GPU", "gpu-type", rules.site)
+    if bad then
+      return nil, "gres", loc("gpu-type") .. bad
+    end
+  end
+  if #req.fpga_models > 0 then
+    local bad = model_check(req.fpga_models, rules.fpga_models, "FPGA", "fpga", rules.site)
+    if bad then
+      return nil, "gres", loc("fpga") .. bad
+    end
+  end
+
+  local cls
+  if req.workload_class then
+    cls = rules.classes[req.workload_class]
+    if not cls then
+      return nil, "feature", string_format(
+        "%sclass=%s: site '%s' has no such class%s; classes: %s", loc("class"),
+        req.workload_class, rules.site, did_you_mean(req.workload_class, rules.class_names),
+        join(rules.class_names, ", "))
+    end
+  end
+  local r = { cls = cls, gpu_job = false, gpu_count = nil, gpu_models = nil,
+              own_gpu_models = nil, gpu_typed_explicit = false, fpga_job = false,
+              fpga_models = nil, fpga_typed_explicit = false, cpu_only = cls and cls.cpu_only
+              or false, partition = cls and cls.partition, qos = nil }
+
+  -- GPUs: the job's own option counts; a type it names beats gpu-type=, which beats the class.
+  local gpu_models
+  if gx then
+    r.gpu_job = (gx.count == nil) or gx.count > 0
+    if given["gpus"] or given["gpus-per-node"] then
+      note(d, string_format("%sgpus ignored: the job asks for GPUs with %s (%s)",
+        loc(given["gpus"] and "gpus" or "gpus-per-node"), OPTION_OF[gx.field], gx.entry))
+      keep(d, gx.field)
+    end
+    if gx.model then
+      r.gpu_typed_explicit = true
+      if given["gpu-type"] then
+        note(d, string_format("%sgpu-type ignored: the job names GPU type '%s' with %s",
+          loc("gpu-type"), gx.model, OPTION_OF[gx.field]))
+        keep(d, gx.field)
+      end
+      gpu_models = { gx.model }
+    end
+  else
+    r.gpu_count = req.gpus_per_node
+    r.gpu_job = r.gpu_count > 0
+  end
+  local gpu_job = r.gpu_job
+
+  if r.cpu_only and (gpu_job or req.fpgas_per_node > 0 or (fx and (fx.count or 1) > 0)) then
+    return nil, "config", string_format(
+      "%sclass=%s runs on CPU-only nodes, but the job asks for GPUs or FPGAs; drop them or "
+      .. "choose another class (%s)", loc("class"), req.workload_class,
+      join(rules.class_names, ", "))
+  end
+  if gpu_job and #rules.gpu_models == 0 then
+    return nil, "gres", string_format("%sthe job asks for GPUs; site '%s' has none",
+      loc(given["gpus"] and "gpus" or "gpus-per-node"), rules.site)
+  end
+
+  if gpu_job and not r.gpu_typed_explicit then
+    if given["gpu-type"] then
+      gpu_models = req.gpu_models -- gpu-type=any ({}) beats the class too
+    elseif cls then
+      gpu_models = cls.gpu_models -- the class's GPU models in its order (rendered)
+    else
+      gpu_models = {}
+    end
+  end
+
+  if gpu_job and req.min_gpu_mem_mib then
+    local floor = req.min_gpu_mem_mib
+    local named = given["gpu-type"] and #req.gpu_models > 0 or r.gpu_typed_explicit
+    local pool = (#(gpu_models or {}) > 0) and gpu_models or rules.gpu_models
+    local fit = {}
+    for _, m in ipairs(pool) do
+      local mem = rules.gpu_mem[m]
+      if mem and mem >= floor then
+        fit[#fit + 1] = m
+      elseif named then
+        return nil, "gres", string_format(
+          "%smin-gpu-mem=%dM: gpu-type %s has %s; drop it or lower min-gpu-mem",
+          loc("min-gpu-mem"), floor, m, mem and (mem .. " MiB") or "unknown memory")
+      end
+    end
+    if #fit == 0 then
+      return nil, "gres", string_format("%smin-gpu-mem=%dM: no GPU model of site '%s' "
+        .. "has that much memory", loc("min-gpu-mem"), floor, rules.site)
+    end
+    gpu_models = fit
+  end
+  r.own_gpu_models = gpu_models
+
+  -- energy=low narrows the acceptable models to the site's low-energy ones, when any of them
+  -- is one (docs/directives.md); rebalance's relax step may widen them back.
+  if gpu_job and req.energy == "low" and #rules.energy_low_models > 0
+      and not r.gpu_typed_explicit then
+    local pool = (#gpu_models > 0) and gpu_models or rules.gpu_models
+    local low = {}
+    for _, m in ipairs(pool) do
+      if contains(rules.energy_low_models, m) then
+        low[#low + 1] = m
+      end
+    end
+    if #low > 0 then
+      gpu_models = low
+    else
+      note(d, loc("energy") .. "energy=low: none of the acceptable GPU models "
+        .. "is one of the site's low-energy models; the job keeps its models")
+    end
+  end
+  r.gpu_models = gpu_models
+
+  -- FPGAs: likewise, without memory or energy.
+  if fx then
+    r.fpga_job = (fx.count == nil) or fx.count > 0
+    if given["fpga"] then
+      note(d, string_format("%sfpga ignored: the job asks for FPGAs with --gres (%s)",
+        loc("fpga"), fx.entry))
+      keep(d, fx.field)
+    end
+    r.fpga_typed_explicit = fx.model ~= nil
+  else
+    r.fpga_job = req.fpgas_per_node > 0
+    if r.fpga_job then
+      if #rules.fpga_models == 0 then
+        return nil, "gres", string_format("%sthe job asks for FPGAs; site '%s' has none",
+          loc("fpga"), rules.site)
+      end
+      if #req.fpga_models > 0 then
+        r.fpga_models = req.fpga_models
+      elseif cls then
+        r.fpga_models = cls.fpga_models
+      else
+        r.fpga_models = {}
+      end
+    end
+  end
+
+  -- QOS: priority= where the site maps it, else the class's.
+  local qos = rules.priority_qos[req.priority]
+  if not (given["priority"] and qos) then
+    qos = cls and cls.qos or nil
+  end
+  r.qos = qos
+  return r
+end
+M.resolve = resolve
+
+-- The Slurm fields: stage -------------------------------------------------------------------
+
+-- GPUs and FPGAs as gres and features. Returns the record's gpu and fpga texts, or nil, nil,
+-- message when the two model lists cannot both be enforced.
+local function stage_devices(d, job, req, r, rules, gx, fx, loc)
+  local tpn = job.tres_per_node
+  local gpu_job, fpga_job, gpu_models, fpga_models = r.gpu_job, r.fpga_job, r.gpu_models,
+    r.fpga_models
+  -- At most one feature expression may be added (nfeatures counts the candidates) and at most
+  -- a GPU and an FPGA entry appended to tres_per_node: locals, not lists.
+  local feature, nfeatures = nil, 0
+  local gres_new
+  local typed_tres -- tres_per_node as staged below, when the job's own --gres got its type
+  local gpu_text, fpga_text -- the record's gpu and fpga values
+  if gpu_job and not r.gpu_typed_explicit then
+    if gx then
+      if #gpu_models == 1 then
+        -- The job's own count, now typed: hard.
+        local typed = "gres:gpu:" .. gpu_models[1] .. ":" .. decimal(gx.count or 1)
+        typed_tres = replace_entry(gx.value, gx.index, typed)
+        stage(d, gx.field, typed_tres, gx.value)
+        if gx.field ~= "tres_per_node" then
+          typed_tres = nil
+        end
+      elseif #gpu_models > 1 then
+        feature, nfeatures = join(gpu_models, "|"), 1
+      end
+    else
+      local count = decimal(r.gpu_count)
+      if #gpu_models == 1 then
+        gres_new = "gres:gpu:" .. gpu_models[1] .. ":" .. count
+      else
+        gres_new = "gres:gpu:" .. count
+        if #gpu_models > 1 then
+          feature, nfeatures = join(gpu_models, "|"), 1
+        end
+      end
+    end
+  end
+  if gpu_job then
+    gpu_text = (gpu_models and #gpu_models > 0) and (feature or join(gpu_models, "|")) or "any"
+  end
+  if fpga_job and not fx then
+    local entry
+    if #fpga_models == 1 then
+      entry = "gres:fpga:" .. fpga_models[1] .. ":" .. decimal(req.fpgas_per_node)
+    else
+      entry = "gres:fpga:" .. decimal(req.fpgas_per_node)
+      if #fpga_models > 1 then
+        nfeatures = nfeatures + 1
+        feature = feature or join(fpga_models, "|")
+      end
+    end
+    gres_new = gres_new and (gres_new .. "," .. entry) or entry
+  end
+  if fpga_job then
+    fpga_text = r.fpga_typed_explicit and fx.model
+      or ((fpga_models and #fpga_models > 0) and join(fpga_models, "|") or "any")
+  end
+  if r.cpu_only then
+    nfeatures = nfeatures + 1
+    feature = feature or rules.cpu_feature
+  end
+
+  if gres_new then
+    local new = gres_new
+    if typed_tres then
+      new = typed_tres .. "," .. new
+    elseif type(tpn) == "string" and tpn ~= "" then
+      new = tpn .. "," .. new
+    end
+    stage(d, "tres_per_node", new, tpn)
+  end
+
+  if nfeatures > 1 then
+    -- Two OR groups joined by '&' have no grouping Slurm 22.05 documents for this use.
+    return nil, nil, loc("gpu-type") .. "a GPU model list and an FPGA model list cannot both "
+      .. "be enforced in one job on Slurm 22.05; name one model for one of them"
+  end
+  if feature then
+    local mine = feature
+    local theirs = job.features
+    if type(theirs) == "string" and theirs ~= "" then
+      if string_find(mine, "|", 1, true) or not and_only(theirs) then
+        note(d, string_format("%s--constraint=%s kept; '%s' not added: add it to your "
+          .. "--constraint or drop --constraint", loc(r.cpu_only and "class" or "gpu-type"),
+          printable(theirs, 60), mine))
+        keep(d, "features")
+      else
+        stage(d, "features", theirs .. "&" .. mine, theirs)
+      end
+    else
+      stage(d, "features", mine, theirs)
+    end
+  end
+  -- A GPU or FPGA type the job named itself (--gres) is the user's text: cleaned.
+  if r.gpu_typed_explicit and gpu_text then
+    gpu_text = foreign(gpu_text)
+  end
+  if r.fpga_typed_explicit and fpga_text then
+    fpga_text = foreign(fpga_text)
+  end
+  return gpu_text, fpga_text
+end
+
+-- A field the job set itself wins over the request's value: kept, with a note when they differ.
+local function stage_or_keep(d, field, value, current, prefix, option, over)
+  if type(current) == "string" and current ~= "" then
+    if current ~= value then
+      note(d, string_format("%s%s=%s kept over %s", prefix, option, printable(current, 60),
+        over))
+      keep(d, field)
+    end
+  else
+    stage(d, field, value, current)
+  end
+end
+
+-- Nodes, cores, memory. Returns the job's node count as Slurm will see it.
+local function stage_shape(d, job, req, given, loc)
+  local nodes = req.nodes
+  local min_nodes = job.min_nodes
+  if given["nodes"] then
+    if type(min_nodes) == "number" and min_nodes < NO_VAL then
+      if min_nodes ~= req.nodes then
+        note(d, string_format("%snodes ignored: the job asks for -N %d", loc("nodes"),
+          min_nodes))
+        keep(d, "min_nodes")
+      end
+      nodes = min_nodes
+    else
+      stage(d, "min_nodes", req.nodes, min_nodes)
+      stage(d, "max_nodes", req.nodes, job.max_nodes)
+    end
+  elseif type(min_nodes) == "number" and min_nodes < NO_VAL then
+    nodes = min_nodes
+  end
+
+  if given["cores"] then
+    local pn_min_cpus = job.pn_min_cpus
+    if is_set16(pn_min_cpus) or is_set16(job.cpus_per_task)
+        or is_set16(job.ntasks_per_node) or is_set32(job.num_tasks) then
+      note(d, loc("cores") .. "cores ignored: the job sets its own task layout "
+        .. "(--ntasks, --cpus-per-task, --ntasks-per-node or --mincpus)")
+      keep(d, "pn_min_cpus")
+    else
+      stage(d, "pn_min_cpus", req.cores_per_node, pn_min_cpus)
+    end
+  end
+
+  if req.mem_per_node_mib then
+    local min_mem_per_node = job.min_mem_per_node
+    if min_mem_per_node ~= nil or job.min_mem_per_cpu ~= nil then
+      note(d, loc("mem") .. "mem ignored: the job sets --mem or --mem-per-cpu")
+      keep(d, "min_mem_per_node")
+    else
+      stage(d, "min_mem_per_node", req.mem_per_node_mib, min_mem_per_node)
+    end
+  end
+  return nodes
+end
+
+-- Locality: gres binding, one socket, one leaf switch.
+local function stage_locality(d, job, req, r, rules, slurm, nodes, given, loc)
+  local loc_req = req.locality
+  local has_devices = r.gpu_job or r.fpga_job
+  local bind = (loc_req.nvlink == "required") or (loc_req.numa == "required" and has_devices)
+  if bind then
+    local job_flags = job.bitflags
+    local flags = job_flags
+    local enforce = slurm.GRES_ENFORCE_BIND or 16
+    local disable = slurm.GRES_DISABLE_BIND or 524288
+    if type(flags) ~= "number" then
+      flags = 0
+    end
+    if math_floor(flags / disable) % 2 == 1 then
+      note(d, loc("locality") .. "--gres-flags=disable-binding kept; locality not enforced")
+      keep(d, "bitflags")
+    elseif math_floor(flags / enforce) % 2 == 0 then
+      stage(d, "bitflags", flags + enforce, job_flags)
+    end
+  end
+  if loc_req.numa == "required" and not has_devices then
+    local sockets_per_node = job.sockets_per_node
+    if is_set16(sockets_per_node) then
+      note(d, loc("locality") .. "numa: the job's --sockets-per-node kept")
+      keep(d, "sockets_per_node")
+    else
+      stage(d, "sockets_per_node", 1, sockets_per_node)
+      local cores_per_socket = given["cores"] and job.cores_per_socket
+      if given["cores"] and not is_set16(cores_per_socket) then
+        stage(d, "cores_per_socket", req.cores_per_node, cores_per_socket)
+      end
+    end
+  end
+  if loc_req.switch then
+    local req_switch = job.req_switch
+    if type(req_switch) == "number" and req_switch < NO_VAL then
+      note(d, loc("locality") .. "the job's --switches kept")
+      keep(d, "req_switch")
+    elseif nodes > 1 then
+      stage(d, "req_switch", 1, req_switch)
+      stage(d, "wait4switch", loc_req.switch_wait_s or rules.switch_wait_default,
+        job.wait4switch)
+    else
+      note(d, loc("locality") .. "switch: a one-node job is always under one switch")
+    end
+  end
+end
+
+local function stage_requeue(d, job, req, loc)
+  if req.no_requeue then
+    local requeue = job.requeue
+    if is_set16(requeue) and requeue ~= 0 then
+      note(d, loc("no-requeue") .. "no-requeue ignored: the job asks for --requeue")
+      keep(d, "requeue")
+    elseif not is_set16(requeue) then
+      stage(d, "requeue", 0, requeue)
+    end
+  end
+end
+
+-- The decision: parse -> resolve -> stage -> record ------------------------------------------
+
 -- decide(job, rules, hetreq, slurm) -> decision table (see docs/hook.md):
 --   action   "none" (no request), "rewrite" or "reject"
 --   writes   { field, value, old, field, value, old, ... } in write order, nw of them;
@@ -813,15 +1209,16 @@ function M.decide(job, rules, hetreq, slurm)
   -- Each job_desc read is a C call that walks the plugin's list of names: read these once.
   local tpn, tpj, tpt, tps = job.tres_per_node, job.tres_per_job, job.tres_per_task,
     job.tres_per_socket
-  local gpu_explicit, fpga_explicit
+  local gx, fx
   if tpn or tpj or tpt or tps then
-    gpu_explicit = explicit_devices("gpu", tpn, tpj, tpt, tps)
-    fpga_explicit = explicit_devices("fpga", tpn, tpj, tpt, tps)
+    gx = explicit_devices("gpu", tpn, tpj, tpt, tps)
+    fx = explicit_devices("fpga", tpn, tpj, tpt, tps)
   end
 
+  -- Parse.
   local req, msg = hetreq.parse(text)
   local synthetic_gpus = false
-  if not req and gpu_explicit and (gpu_explicit.count or 1) > 0 then
+  if not req and gx and (gx.count or 1) > 0 then
     -- gpu-type= / min-gpu-mem= need GPUs; the job's own --gres/--gpus gives them.
     local retry = hetreq.parse(text .. " gpus-per-node=1")
     if retry then
@@ -840,393 +1237,39 @@ function M.decide(job, rules, hetreq, slurm)
   if synthetic_gpus then
     given["gpus-per-node"] = nil
   end
-
-  -- Models named in the request exist on this site (checked first, as resolve() does).
-  if given["gpu-type"] and #req.gpu_models > 0 then
-    local bad = model_check(req.gpu_models, rules.gpu_models, "GPU", "gpu-type", rules.site)
-    if bad then
-      return reject(d, C.gres, at(source, lines, "gpu-type") .. ": " .. bad)
-    end
-  end
-  if #req.fpga_models > 0 then
-    local bad = model_check(req.fpga_models, rules.fpga_models, "FPGA", "fpga", rules.site)
-    if bad then
-      return reject(d, C.gres, at(source, lines, "fpga") .. ": " .. bad)
-    end
+  local function loc(key)
+    return at(source, lines, key) .. ": "
   end
 
-  -- class= -----------------------------------------------------------------------------
-  local cls
-  if req.workload_class then
-    cls = rules.classes[req.workload_class]
-    if not cls then
-      return reject(d, C.feature, string_format(
-        "%s: class=%s: site '%s' has no such class%s; classes: %s", at(source, lines, "class"),
-        req.workload_class, rules.site, did_you_mean(req.workload_class, rules.class_names),
-        join(rules.class_names, ", ")))
-    end
+  -- Resolve.
+  local r, family, message = resolve(req, given, rules, gx, fx, d, loc)
+  if not r then
+    return reject(d, C[family], message)
   end
 
-  -- GPUs -------------------------------------------------------------------------------
-  local gpu_count_given = given["gpus"] or given["gpus-per-node"]
-  local gpu_job, gpu_count, gpu_models, gpu_typed_explicit
-  local gpu_text, fpga_text -- the record's gpu and fpga values
-  if gpu_explicit then
-    gpu_job = (gpu_explicit.count == nil) or gpu_explicit.count > 0
-    if gpu_count_given then
-      note(d, string_format("%s: gpus ignored: the job asks for GPUs with %s (%s)",
-        at(source, lines, given["gpus"] and "gpus" or "gpus-per-node"),
-        OPTION_OF[gpu_explicit.field], gpu_explicit.entry))
-      keep(d, gpu_explicit.field)
-    end
-    if gpu_explicit.model then
-      gpu_typed_explicit = true
-      if given["gpu-type"] then
-        note(d, string_format("%s: gpu-type ignored: the job names GPU type '%s' with %s",
-          at(source, lines, "gpu-type"), gpu_explicit.model, OPTION_OF[gpu_explicit.field]))
-        keep(d, gpu_explicit.field)
-      end
-      gpu_models = { gpu_explicit.model }
-    end
-  else
-    gpu_count = req.gpus_per_node
-    gpu_job = gpu_count > 0
+  -- Stage.
+  local gpu_text, fpga_text, conflict = stage_devices(d, job, req, r, rules, gx, fx, loc)
+  if conflict then
+    return reject(d, C.feature, conflict)
   end
-
-  if cls and cls.cpu_only then
-    if gpu_job or req.fpgas_per_node > 0 or (fpga_explicit and (fpga_explicit.count or 1) > 0) then
-      return reject(d, C.config, string_format(
-        "%s: class=%s runs on CPU-only nodes, but the job asks for GPUs or FPGAs; drop them or "
-        .. "choose another class (%s)", at(source, lines, "class"), req.workload_class,
-        join(rules.class_names, ", ")))
-    end
+  if r.partition then
+    stage_or_keep(d, "partition", r.partition, job.partition, loc("class"), "--partition",
+      "class=" .. req.workload_class .. "'s partition " .. r.partition)
   end
-
-  if gpu_job and #rules.gpu_models == 0 then
-    return reject(d, C.gres, string_format("%s: the job asks for GPUs; site '%s' has none",
-      at(source, lines, given["gpus"] and "gpus" or "gpus-per-node"), rules.site))
-  end
-
-  if gpu_job and not gpu_typed_explicit then
-    if given["gpu-type"] and #req.gpu_models > 0 then
-      local bad = model_check(req.gpu_models, rules.gpu_models, "GPU", "gpu-type", rules.site)
-      if bad then
-        return reject(d, C.gres, at(source, lines, "gpu-type") .. ": " .. bad)
-      end
-      gpu_models = req.gpu_models
-    elseif given["gpu-type"] then
-      gpu_models = {} -- gpu-type=any beats the class
-    elseif cls then
-      gpu_models = cls.gpu_models -- the class's GPU models in its order (rendered)
-    else
-      gpu_models = {}
-    end
-  end
-
-  if gpu_job and req.min_gpu_mem_mib then
-    local floor = req.min_gpu_mem_mib
-    local named = given["gpu-type"] and #req.gpu_models > 0 or gpu_typed_explicit
-    local pool = (#(gpu_models or {}) > 0) and gpu_models or rules.gpu_models
-    local keep = {}
-    for _, m in ipairs(pool) do
-      local mem = rules.gpu_mem[m]
-      if mem and mem >= floor then
-        keep[#keep + 1] = m
-      elseif named then
-        return reject(d, C.gres, string_format(
-          "%s: min-gpu-mem=%dM: gpu-type %s has %s; drop it or lower min-gpu-mem",
-          at(source, lines, "min-gpu-mem"), floor, m, mem and (mem .. " MiB") or "unknown memory"))
-      end
-    end
-    if #keep == 0 then
-      return reject(d, C.gres, string_format("%s: min-gpu-mem=%dM: no GPU model of site '%s' "
-        .. "has that much memory", at(source, lines, "min-gpu-mem"), floor, rules.site))
-    end
-    gpu_models = keep
-  end
-
-  if gpu_job and req.energy == "low" and #rules.energy_low_models > 0
-      and not gpu_typed_explicit then
-    local pool = (#gpu_models > 0) and gpu_models or rules.gpu_models
-    local keep = {}
-    for _, m in ipairs(pool) do
-      if contains(rules.energy_low_models, m) then
-        keep[#keep + 1] = m
-      end
-    end
-    if #keep > 0 then
-      gpu_models = keep
-    else
-      note(d, at(source, lines, "energy") .. ": energy=low: none of the acceptable GPU models "
-        .. "is one of the site's low-energy models; the job keeps its models")
-    end
-  end
-
-  -- FPGAs ------------------------------------------------------------------------------
-  local fpga_job, fpga_models, fpga_typed_explicit = false, nil, false
-  if fpga_explicit then
-    fpga_job = (fpga_explicit.count == nil) or fpga_explicit.count > 0
-    if given["fpga"] then
-      note(d, string_format("%s: fpga ignored: the job asks for FPGAs with --gres (%s)",
-        at(source, lines, "fpga"), fpga_explicit.entry))
-      keep(d, fpga_explicit.field)
-    end
-    fpga_typed_explicit = fpga_explicit.model ~= nil
-  else
-    fpga_job = req.fpgas_per_node > 0
-    if fpga_job then
-      if #rules.fpga_models == 0 then
-        return reject(d, C.gres, string_format("%s: the job asks for FPGAs; site '%s' has none",
-          at(source, lines, "fpga"), rules.site))
-      end
-      if #req.fpga_models > 0 then
-        local bad = model_check(req.fpga_models, rules.fpga_models, "FPGA", "fpga", rules.site)
-        if bad then
-          return reject(d, C.gres, at(source, lines, "fpga") .. ": " .. bad)
-        end
-        fpga_models = req.fpga_models
-      elseif cls then
-        fpga_models = cls.fpga_models
-      else
-        fpga_models = {}
-      end
-    end
-  end
-
-  -- Mechanisms: gres and features ------------------------------------------------------
-  -- At most one feature expression may be added (nfeatures counts the candidates) and at most
-  -- a GPU and an FPGA entry appended to tres_per_node: locals, not lists.
-  local feature, nfeatures = nil, 0
-  local gres_new
-  local typed_tres -- tres_per_node as staged above, when the job's own --gres got its type
-  if gpu_job and not gpu_typed_explicit then
-    if gpu_explicit then
-      if #gpu_models == 1 then
-        -- The job's own count, now typed: hard.
-        local typed = "gres:gpu:" .. gpu_models[1] .. ":" .. decimal(gpu_explicit.count or 1)
-        typed_tres = replace_entry(gpu_explicit.value, gpu_explicit.index, typed)
-        stage(d, gpu_explicit.field, typed_tres, gpu_explicit.value)
-        if gpu_explicit.field ~= "tres_per_node" then
-          typed_tres = nil
-        end
-      elseif #gpu_models > 1 then
-        feature, nfeatures = join(gpu_models, "|"), 1
-      end
-    else
-      if #gpu_models == 1 then
-        gres_new = "gres:gpu:" .. gpu_models[1] .. ":" .. decimal(gpu_count)
-      else
-        gres_new = "gres:gpu:" .. decimal(gpu_count)
-        if #gpu_models > 1 then
-          feature, nfeatures = join(gpu_models, "|"), 1
-        end
-      end
-    end
-  end
-  if gpu_job then
-    gpu_text = (gpu_models and #gpu_models > 0) and (feature or join(gpu_models, "|")) or "any"
-  end
-  if fpga_job and not fpga_explicit then
-    local entry
-    if #fpga_models == 1 then
-      entry = "gres:fpga:" .. fpga_models[1] .. ":" .. decimal(req.fpgas_per_node)
-    else
-      entry = "gres:fpga:" .. decimal(req.fpgas_per_node)
-      if #fpga_models > 1 then
-        nfeatures = nfeatures + 1
-        feature = feature or join(fpga_models, "|")
-      end
-    end
-    gres_new = gres_new and (gres_new .. "," .. entry) or entry
-  end
-  if fpga_job then
-    fpga_text = fpga_typed_explicit and fpga_explicit.model
-      or ((fpga_models and #fpga_models > 0) and join(fpga_models, "|") or "any")
-  end
-  if cls and cls.cpu_only then
-    nfeatures = nfeatures + 1
-    feature = feature or rules.cpu_feature
-  end
-
-  if gres_new then
-    local new = gres_new
-    if typed_tres then
-      new = typed_tres .. "," .. new
-    elseif type(tpn) == "string" and tpn ~= "" then
-      new = tpn .. "," .. new
-    end
-    stage(d, "tres_per_node", new, tpn)
-  end
-
-  if nfeatures > 1 then
-    -- Two OR groups joined by '&' have no grouping Slurm 22.05 documents for this use.
-    return reject(d, C.feature, string_format("%s: a GPU model list and an FPGA model list "
-      .. "cannot both be enforced in one job on Slurm 22.05; name one model for one of them",
-      at(source, lines, "gpu-type")))
-  end
-  if feature then
-    local mine = feature
-    local theirs = job.features
-    if type(theirs) == "string" and theirs ~= "" then
-      if string_find(mine, "|", 1, true) or not and_only(theirs) then
-        note(d, string_format("%s: --constraint=%s kept; '%s' not added: add it to your "
-          .. "--constraint or drop --constraint",
-          at(source, lines, cls and cls.cpu_only and "class" or "gpu-type"),
-          printable(theirs, 60), mine))
-        keep(d, "features")
-      else
-        stage(d, "features", theirs .. "&" .. mine, theirs)
-      end
-    else
-      stage(d, "features", mine, theirs)
-    end
-  end
-
-  -- Partition and QOS ------------------------------------------------------------------
-  if cls and cls.partition then
-    local partition = job.partition
-    if type(partition) == "string" and partition ~= "" then
-      if partition ~= cls.partition then
-        note(d, string_format("%s: --partition=%s kept over class=%s's partition %s",
-          at(source, lines, "class"), printable(partition, 60), req.workload_class,
-          cls.partition))
-        keep(d, "partition")
-      end
-    else
-      stage(d, "partition", cls.partition, partition)
-    end
-  end
-
   if req.priority == "high" and not may_use_high(job, rules) then
-    return reject(d, C.access, string_format("%s: priority=high is not allowed for user %s "
-      .. "(site policy); use priority=normal or ask the site's admins",
-      at(source, lines, "priority"), printable(tostring(job.user_name or job.user_id), 40)))
+    return reject(d, C.access, string_format("%spriority=high is not allowed for user %s "
+      .. "(site policy); use priority=normal or ask the site's admins", loc("priority"),
+      printable(tostring(job.user_name or job.user_id), 40)))
   end
-  local qos = rules.priority_qos[req.priority]
-  if not (given["priority"] and qos) then
-    qos = cls and cls.qos or nil
+  if r.qos then
+    stage_or_keep(d, "qos", r.qos, job.qos, loc(given["priority"] and "priority" or "class"),
+      "--qos", r.qos)
   end
-  if qos then
-    local job_qos = job.qos
-    if type(job_qos) == "string" and job_qos ~= "" then
-      if job_qos ~= qos then
-        note(d, string_format("%s: --qos=%s kept over %s",
-          at(source, lines, given["priority"] and "priority" or "class"),
-          printable(job_qos, 60), qos))
-        keep(d, "qos")
-      end
-    else
-      stage(d, "qos", qos, job_qos)
-    end
-  end
+  local nodes = stage_shape(d, job, req, given, loc)
+  stage_locality(d, job, req, r, rules, slurm, nodes, given, loc)
+  stage_requeue(d, job, req, loc)
 
-  -- Nodes, cores, memory ---------------------------------------------------------------
-  local nodes = req.nodes
-  local min_nodes = job.min_nodes
-  if given["nodes"] then
-    if type(min_nodes) == "number" and min_nodes < NO_VAL then
-      if min_nodes ~= req.nodes then
-        note(d, string_format("%s: nodes ignored: the job asks for -N %d",
-          at(source, lines, "nodes"), min_nodes))
-        keep(d, "min_nodes")
-      end
-      nodes = min_nodes
-    else
-      stage(d, "min_nodes", req.nodes, min_nodes)
-      stage(d, "max_nodes", req.nodes, job.max_nodes)
-    end
-  elseif type(min_nodes) == "number" and min_nodes < NO_VAL then
-    nodes = min_nodes
-  end
-
-  if given["cores"] then
-    local pn_min_cpus = job.pn_min_cpus
-    if is_set16(pn_min_cpus) or is_set16(job.cpus_per_task)
-        or is_set16(job.ntasks_per_node) or is_set32(job.num_tasks) then
-      note(d, at(source, lines, "cores") .. ": cores ignored: the job sets its own task layout "
-        .. "(--ntasks, --cpus-per-task, --ntasks-per-node or --mincpus)")
-      keep(d, "pn_min_cpus")
-    else
-      stage(d, "pn_min_cpus", req.cores_per_node, pn_min_cpus)
-    end
-  end
-
-  if req.mem_per_node_mib then
-    local min_mem_per_node = job.min_mem_per_node
-    if min_mem_per_node ~= nil or job.min_mem_per_cpu ~= nil then
-      note(d, at(source, lines, "mem") .. ": mem ignored: the job sets --mem or --mem-per-cpu")
-      keep(d, "min_mem_per_node")
-    else
-      stage(d, "min_mem_per_node", req.mem_per_node_mib, min_mem_per_node)
-    end
-  end
-
-  -- Locality ---------------------------------------------------------------------------
-  local loc = req.locality
-  local has_devices = gpu_job or fpga_job
-  local bind = (loc.nvlink == "required") or (loc.numa == "required" and has_devices)
-  if bind then
-    local job_flags = job.bitflags
-    local flags = job_flags
-    local enforce = slurm.GRES_ENFORCE_BIND or 16
-    local disable = slurm.GRES_DISABLE_BIND or 524288
-    if type(flags) ~= "number" then
-      flags = 0
-    end
-    if math_floor(flags / disable) % 2 == 1 then
-      note(d, at(source, lines, "locality")
-        .. ": --gres-flags=disable-binding kept; locality not enforced")
-      keep(d, "bitflags")
-    elseif math_floor(flags / enforce) % 2 == 0 then
-      stage(d, "bitflags", flags + enforce, job_flags)
-    end
-  end
-  if loc.numa == "required" and not has_devices then
-    local sockets_per_node = job.sockets_per_node
-    if is_set16(sockets_per_node) then
-      note(d, at(source, lines, "locality") .. ": numa: the job's --sockets-per-node kept")
-      keep(d, "sockets_per_node")
-    else
-      stage(d, "sockets_per_node", 1, sockets_per_node)
-      local cores_per_socket = given["cores"] and job.cores_per_socket
-      if given["cores"] and not is_set16(cores_per_socket) then
-        stage(d, "cores_per_socket", req.cores_per_node, cores_per_socket)
-      end
-    end
-  end
-  if loc.switch then
-    local req_switch = job.req_switch
-    if type(req_switch) == "number" and req_switch < NO_VAL then
-      note(d, at(source, lines, "locality") .. ": the job's --switches kept")
-      keep(d, "req_switch")
-    elseif nodes > 1 then
-      stage(d, "req_switch", 1, req_switch)
-      stage(d, "wait4switch", loc.switch_wait_s or rules.switch_wait_default, job.wait4switch)
-    else
-      note(d, at(source, lines, "locality")
-        .. ": switch: a one-node job is always under one switch")
-    end
-  end
-
-  -- Requeue ----------------------------------------------------------------------------
-  if req.no_requeue then
-    local requeue = job.requeue
-    if is_set16(requeue) and requeue ~= 0 then
-      note(d, at(source, lines, "no-requeue")
-        .. ": no-requeue ignored: the job asks for --requeue")
-      keep(d, "requeue")
-    elseif not is_set16(requeue) then
-      stage(d, "requeue", 0, requeue)
-    end
-  end
-
-  -- A GPU or FPGA type the job named itself (--gres) is the user's text: cleaned.
-  if gpu_typed_explicit and gpu_text then
-    gpu_text = foreign(gpu_text)
-  end
-  if fpga_typed_explicit and fpga_text then
-    fpga_text = foreign(fpga_text)
-  end
+  -- Record.
   return rewrite(d, job, rules, source, req.workload_class, gpu_text, fpga_text,
     d.kept and join(d.kept, ",") or "", req.on_idle, req.energy ~= "normal" and req.energy or nil,
     request)

@@ -211,8 +211,9 @@ def _ask(job: JobInfo, req: Request, rec: Mapping[str, Any], site: Site,
             relaxed = replace(relaxed, locality=replace(relaxed.locality, switch="preferred"))
             edits.append(Edit("switch-wait", "Switches", _switch_text(sw) or "",
                               f"{sw.count}@0"))
-    # Model list: the request's own ranked list against what Slurm allows now.
-    wanted = req.gpu_models
+    # Model list: the request's own ranked list (before energy=low narrowed it) against what
+    # Slurm allows now.
+    wanted = req.own_gpu_models or req.gpu_models
     if req.gpus_per_node and len(wanted) > 1:
         now_models = current_models(job, site_models)
         prefer = prefer_models(job, wanted)

@@ -29,6 +29,7 @@ LUPA_HINT = (
 #: Installed name of the ``job_submit/`` folder (see pyproject.toml ``[tool.setuptools]``).
 LUA_PACKAGE = "hetslurm_job_submit"
 HETREQ = "hetreq.lua"
+HETHOOK = "hethook.lua"
 
 # Runs in the runtime's own globals; loads one module's text into a closed environment.
 _LOADER = b"""
@@ -47,7 +48,7 @@ end
 local env = {
   string = copy(string), table = copy(table), math = copy(math),
   tonumber = tonumber, tostring = tostring, type = type, pairs = pairs, ipairs = ipairs,
-  next = next, select = select,
+  next = next, select = select, pcall = pcall, setmetatable = setmetatable,
 }
 setmetatable(env, {
   __index = function(_, k) error(chunkname .. ": read of unknown global " .. tostring(k), 2) end,
@@ -116,6 +117,42 @@ def load_module(lua: Any, source: bytes, chunkname: str) -> Any:
 def hetreq() -> Any:
     """The ``hetreq`` module table, loaded once per process (lupa serialises calls)."""
     return load_module(new_runtime(), lua_source(HETREQ), HETREQ)
+
+
+# Runs in the runtime's own globals: what a request means on one site, through the hook's own
+# resolve step (hethook.lua), with no job options of its own. Returns r, notes or nil,
+# family, message.
+_MEANING = b"""
+local hook, hetreq, rules = ...
+local function here() return "" end
+return function(text)
+  local req, msg = hetreq.parse(text)
+  if not req then
+    return nil, "parse", msg
+  end
+  local d = { nw = 0 }
+  local r, family, message = hook.resolve(req, req.tokens, rules, nil, nil, d, here)
+  if not r then
+    return nil, family, message
+  end
+  return r, d.notes
+end
+"""
+
+
+@functools.cache
+def _meaning_for(rules_literal: str) -> Any:
+    lua = new_runtime()
+    hook = load_module(lua, lua_source(HETHOOK), HETHOOK)
+    req = load_module(lua, lua_source(HETREQ), HETREQ)
+    rules = load_module(lua, b"return " + rules_literal.encode("utf-8"), "rules")
+    return lua.execute(_MEANING, hook, req, rules)
+
+
+def meaning(rules_literal: str) -> Any:
+    """The Lua function ``text -> r, notes | nil, family, message`` for one site's rendered
+    hook rules (a Lua table constructor), cached per rules text: the hook's own ``resolve``."""
+    return _meaning_for(rules_literal)
 
 
 def parse_table(text: str) -> dict[str, Any]:

@@ -12,13 +12,14 @@ Three steps, each a pure function:
 * :func:`request_from_table` — the table hetreq.lua returns to :class:`Request` (also what
   ``explain`` uses on tables the hook produced);
 * :func:`format_request` — the canonical text of a :class:`Request` (round-trips);
-* :func:`resolve` — a :class:`Request` checked against one site: models exist, ``class=``
-  expanded into device models, partition and QOS, ``min-gpu-mem`` turned into models.
+* :func:`resolve` — what a :class:`Request` means on one site, decided by the hook's own Lua
+  (``hethook.resolve``): models checked, ``class=`` expanded into device models, partition
+  and QOS, ``min-gpu-mem`` and ``energy=low`` turned into the models the hook enforces.
 """
 
 from __future__ import annotations
 
-import difflib
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, cast, get_args
@@ -27,15 +28,11 @@ from hetslurm.errors import PlacementError
 
 if TYPE_CHECKING:
     from hetslurm.site.model import Site
-    from hetslurm.site.schema import WorkloadClass
 
 Level = Literal["required", "preferred"]
 Priority = Literal["high", "normal", "low"]
 Energy = Literal["normal", "low"]
 OnIdle = Literal["notify", "requeue", "downgrade"]
-
-#: A class whose devices are only this pseudo-model runs on CPU-only nodes (feature ``cpu``).
-CPU_DEVICE = "cpu"
 
 
 @dataclass(frozen=True)
@@ -84,6 +81,10 @@ class Request:
     qos: str | None = None
     #: The class runs on CPU-only nodes (its devices are ``["cpu"]``); set by :func:`resolve`.
     cpu_only: bool = False
+    #: ``gpu_models`` before ``energy=low`` narrowed them (what rebalance's relax may widen a
+    #: pending job back to); set by :func:`resolve`, equal to ``gpu_models`` when nothing was
+    #: narrowed.
+    own_gpu_models: tuple[str, ...] = ()
 
     @property
     def total_gpus(self) -> int:
@@ -122,7 +123,8 @@ def request_from_table(table: Mapping[str, Any]) -> Request:
     Raises:
         ValueError: a field is unknown or has the wrong type (a bug, not a user error).
     """
-    known = {f for f in Request.__dataclass_fields__} - {"partition", "qos", "cpu_only"}
+    known = {f for f in Request.__dataclass_fields__} - {"partition", "qos", "cpu_only",
+                                                         "own_gpu_models"}
     # ``tokens`` (key -> the word that gave it) is the hook's fast "was this key given?"
     # set; it must name exactly the keys of ``given``.
     unknown = set(table) - known - {"tokens"}
@@ -217,7 +219,8 @@ def format_request(request: Request) -> str:
     """The canonical text of a request: keys in documentation order, defaults left out.
 
     ``parse_request(format_request(r))`` equals ``r`` apart from ``given`` and the fields
-    :func:`resolve` sets (``partition``, ``qos``, ``cpu_only``), which have no key.
+    :func:`resolve` sets (``partition``, ``qos``, ``cpu_only``, ``own_gpu_models``), which
+    have no key.
     """
     r = request
     words: list[str] = []
@@ -229,6 +232,8 @@ def format_request(request: Request) -> str:
         words.append(f"gpus-per-node={r.gpus_per_node}")
     if r.gpu_models:
         words.append("gpu-type=" + "|".join(r.gpu_models))
+    elif "gpu-type" in r.given and (r.gpus_per_node or r.gpus_per_job):
+        words.append("gpu-type=any")  # explicit: it beats the class's models
     if r.min_gpu_mem_mib is not None:
         words.append(f"min-gpu-mem={r.min_gpu_mem_mib}M")
     if r.fpga_models:
@@ -266,133 +271,89 @@ def format_request(request: Request) -> str:
 
 
 def resolve(request: Request, site: Site) -> Request:
-    """Check ``request`` against ``site`` and make its class and memory floor explicit.
+    """What ``request`` means on ``site``, decided by the hook's own Lua (``hethook.resolve``).
 
-    Precedence (documented in docs/requests.md):
-
-    1. an explicit ``gpu-type=`` (``any`` included) or ``fpga=model...`` beats the class's
-       devices of that kind; ``fpga=N`` without a model takes the class's FPGA models;
-    2. the class's devices rank only the kinds the request asks for; a class of
-       ``devices = ["cpu"]`` runs on CPU-only nodes and refuses GPU or FPGA counts;
-    3. ``min-gpu-mem`` drops, from the class's or the site's models, those with less memory
-       (in the site's order); a model the user named that is too small is an error.
+    The meaning is written once, in the Lua that slurmctld runs (docs/directives.md): an
+    explicit ``gpu-type=`` (``any`` included) beats the class's GPU models; ``min-gpu-mem``
+    keeps the models with enough memory; ``energy=low`` narrows them to the site's
+    low-energy models when any acceptable one is; a ``devices = ["cpu"]`` class runs on
+    CPU-only nodes; ``priority=`` picks the site's QOS for it, else the class's. Python runs
+    that same function through lupa on the request's canonical text and the rules rendered
+    from ``site``, so ``place``, ``explain``, ``simulate`` and ``relax`` read what the hook
+    enforces.
 
     Returns:
-        A new :class:`Request` with ``gpu_models``/``fpga_models`` expanded, ``partition``,
-        ``qos`` and ``cpu_only`` from the class.
+        A new :class:`Request` with ``gpu_models`` (the models the hook enforces, in
+        preference order), ``own_gpu_models`` (before ``energy=low`` narrowed them),
+        ``fpga_models``, ``partition``, ``qos`` and ``cpu_only``.
 
     Raises:
-        PlacementError: an unknown class or model, a class that contradicts the request, or
-            no GPU model with enough memory.
+        PlacementError: the hook would reject the request on this site (its message, without
+            the line prefix), or lupa is missing.
     """
-    gpu_site = site.gpu_models()
-    fpga_site = site.fpga_models()
-    gpu_models = request.gpu_models
-    fpga_models = request.fpga_models
-    partition = qos = None
-    cpu_only = False
-    explicit_gpu_models = "gpu-type" in request.given and bool(gpu_models)
-    explicit_fpga_models = bool(fpga_models)
-
-    for m in gpu_models:
-        _check_model(m, gpu_site, "GPU", "gpu-type", site)
-    for m in fpga_models:
-        _check_model(m, fpga_site, "FPGA", "fpga", site)
-    if request.gpus_per_node and not gpu_site:
-        raise PlacementError(f"the request asks for GPUs; site '{site.name}' has none")
-    if request.fpgas_per_node and not fpga_site:
-        raise PlacementError(f"the request asks for FPGAs; site '{site.name}' has none")
-
-    if request.workload_class is not None:
-        wc = _workload_class(request.workload_class, site)
-        partition, qos = wc.partition, wc.qos
-        name = request.workload_class
-        unknown = [d for d in wc.devices if d != CPU_DEVICE and d not in (*gpu_site, *fpga_site)]
-        if unknown:
-            raise PlacementError(
-                f"class '{name}' names device {unknown[0]!r}, which site '{site.name}' lacks"
-            )
-        if CPU_DEVICE in wc.devices:
-            if len(wc.devices) > 1:
-                raise PlacementError(
-                    f"class '{name}' mixes 'cpu' with device models; fix the site's [classes]"
-                )
-            if request.gpus_per_node or request.fpgas_per_node:
-                raise PlacementError(
-                    f"class={name} runs on CPU-only nodes; drop the GPU/FPGA keys or choose "
-                    f"another class ({_class_names(site)})"
-                )
-            cpu_only = True
-        if request.gpus_per_node and "gpu-type" not in request.given:
-            gpu_models = tuple(d for d in wc.devices if d in gpu_site)
-        if request.fpgas_per_node and not explicit_fpga_models:
-            fpga_models = tuple(d for d in wc.devices if d in fpga_site)
-
-    if request.min_gpu_mem_mib is not None:
-        gpu_models = _with_memory(
-            request.min_gpu_mem_mib, gpu_models or gpu_site, explicit_gpu_models, site
-        )
-
+    out = _resolved(_site_meaning(site), format_request(request))
+    if isinstance(out, str):
+        raise PlacementError(out)
+    gpu, own, fpga, partition, qos, cpu_only = out
     return replace(
         request,
-        gpu_models=gpu_models,
-        fpga_models=fpga_models,
+        gpu_models=gpu if gpu is not None else (),
+        own_gpu_models=own if own is not None else (),
+        fpga_models=fpga if fpga is not None else request.fpga_models,
         partition=partition,
         qos=qos,
         cpu_only=cpu_only,
     )
 
 
-def _check_model(model: str, known: tuple[str, ...], kind: str, key: str, site: Site) -> None:
-    if model in known:
-        return
-    close = difflib.get_close_matches(model, known, n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    offered = ", ".join(known) if known else "none"
-    raise PlacementError(
-        f"{key}: {kind} model '{model}' is not in site '{site.name}'{hint}; its {kind} models: "
-        f"{offered}"
-    )
+_MEANINGS: dict[int, tuple[Site, Any]] = {}
 
 
-def _class_names(site: Site) -> str:
-    classes = site.sections.get("classes") or {}
-    return ", ".join(sorted(classes)) or "the site defines none"
+def _site_meaning(site: Site) -> Any:
+    """The hook's resolve for ``site``'s rendered rules (one Lua runtime per site object)."""
+    hit = _MEANINGS.get(id(site))
+    if hit is not None and hit[0] is site:
+        return hit[1]
+    from hetslurm.placement import _lua
+    from hetslurm.site.hook_rules import hook_rules, lua_literal
+
+    fn = _lua.meaning(lua_literal(hook_rules(site)))
+    if len(_MEANINGS) >= 64:
+        _MEANINGS.clear()
+    _MEANINGS[id(site)] = (site, fn)
+    return fn
 
 
-def _workload_class(name: str, site: Site) -> WorkloadClass:
-    classes: Mapping[str, WorkloadClass] = site.sections.get("classes") or {}
-    if name in classes:
-        return classes[name]
-    close = difflib.get_close_matches(name, list(classes), n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    raise PlacementError(
-        f"class={name}: site '{site.name}' has no such class{hint}; classes: {_class_names(site)}"
-    )
+_Resolved = tuple[tuple[str, ...] | None, tuple[str, ...] | None, tuple[str, ...] | None,
+                  str | None, str | None, bool]
+
+
+@functools.lru_cache(maxsize=4096)
+def _resolved(fn: Any, text: str) -> _Resolved | str:
+    """The Lua result for one request text as plain values, or the rejection's message."""
+    from hetslurm.placement import _lua
+
+    result = fn(text.encode("utf-8", "surrogatepass"))
+    parts = tuple(result) if isinstance(result, tuple) else (result,)
+    first, third = parts[0], (parts[2] if len(parts) > 2 else None)
+    if first is None:
+        return str(_lua.to_python(third)) if third is not None else "invalid request"
+    r = _lua.to_python(first)
+    if not isinstance(r, dict):
+        raise TypeError(f"hethook.resolve returned {r!r}, not a table")
+
+    def models(key: str) -> tuple[str, ...] | None:
+        value = r.get(key)
+        if value is None:
+            return None
+        return tuple(value) if isinstance(value, list) else ()
+
+    partition, qos = r.get("partition"), r.get("qos")
+    return (models("gpu_models"), models("own_gpu_models"), models("fpga_models"),
+            partition if isinstance(partition, str) else None,
+            qos if isinstance(qos, str) else None, bool(r.get("cpu_only")))
 
 
 def gpu_memory_mib(site: Site) -> dict[str, int | None]:
     """Memory per GPU model in MiB (:meth:`hetslurm.site.Site.gpu_memory_mib`)."""
     return site.gpu_memory_mib()
-
-
-def _with_memory(
-    floor_mib: int, models: tuple[str, ...], explicit: bool, site: Site
-) -> tuple[str, ...]:
-    memory = gpu_memory_mib(site)
-
-    def size(m: str) -> str:
-        mib = memory.get(m)
-        return "unknown" if mib is None else f"{mib} MiB"
-
-    keep = tuple(m for m in models if (memory.get(m) or 0) >= floor_mib)
-    if explicit and keep != models:
-        small = [m for m in models if m not in keep]
-        raise PlacementError(
-            f"min-gpu-mem={floor_mib}M: gpu-type {small[0]} has {size(small[0])}; drop it or "
-            "lower min-gpu-mem"
-        )
-    if not keep:
-        sizes = ", ".join(f"{m} {size(m)}" for m in models)
-        raise PlacementError(f"min-gpu-mem={floor_mib}M: no GPU model qualifies ({sizes})")
-    return keep

@@ -528,6 +528,9 @@ def _check_classes_section(ctx: _Ctx, classes: dict[str, Any], models: set[str],
         problem = names.ident_problem(cname, "workload class")
         if problem:
             raise ctx.error(key, problem)
+        if "cpu" in wc.devices and len(wc.devices) > 1:
+            raise ctx.error((*key, "devices"), "'cpu' (CPU-only nodes) cannot be mixed with "
+                            "device models in one class")
         for dev in wc.devices:
             if dev != "cpu" and dev not in models:
                 raise ctx.error((*key, "devices"), f"device type '{dev}' is not a model of "

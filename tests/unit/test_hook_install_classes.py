@@ -132,9 +132,6 @@ qos = "normal"
 [classes.mixed]
 devices = ["a100", "u280"]
 partition = "gpu"
-
-[classes.cpuplus]
-devices = ["cpu", "a100"]
 ''', "extra.toml")
     text = render_mod.render_hook(site).text
     assert install_mod.validate_text(text, site).ok

@@ -487,7 +487,7 @@ def test_internal_error_fails_open_and_writes_nothing(demo: Site) -> None:
 @pytest.mark.parametrize(("directive", "staged"), [
     # the general path
     ("#HET gpus=1 class=train priority=normal",
-     'stage(d, "partition", cls.partition, partition)'),
+     'stage(d, field, value, current)'),
     # the fast path (class and a GPU count only)
     ("#HET gpus=1 class=train", 'stage(d, "partition", partition, job_partition)'),
 ])

@@ -611,6 +611,12 @@ def test_workload_class_names_unknown_device(tmp_path: Path) -> None:
                 r"device type 'a10' is not a model of this site; did you mean 'a100'\?$")
 
 
+def test_workload_class_mixes_cpu_and_devices(tmp_path: Path) -> None:
+    text = edit(BASE, 'devices = ["h100", "a100"]', 'devices = ["cpu", "a100"]')
+    check_error(tmp_path, text, "classes.train.devices", "devices =",
+                r"'cpu' \(CPU-only nodes\) cannot be mixed with device models in one class$")
+
+
 def test_workload_class_names_unknown_partition(tmp_path: Path) -> None:
     text = edit(BASE, 'partition = "gpu"', 'partition = "gpus"')
     check_error(tmp_path, text, "classes.train.partition", 'partition = "gpus"',
