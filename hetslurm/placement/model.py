@@ -251,7 +251,13 @@ class ClusterModel:
     state: StateArrays
     #: Default MiB per core when a request names no memory (the site's DefMemPerCPU).
     def_mem_per_cpu_mib: int | None = None
-    _cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: Slurm partitions: name -> node names (empty: the model knows none, every node counts).
+    partitions: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: The partition a job that names none goes to (Slurm's ``Default=YES``).
+    default_partition: str | None = None
+    #: 1 for the nodes a job of one partition may use (:meth:`in_partition`); None: all.
+    scope: npt.NDArray[np.uint8] | None = None
+    _cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -289,13 +295,16 @@ class ClusterModel:
         for name, sw in site.switches.items():
             for child in sw.switches:
                 parents[child] = name
-        return cls.from_layouts(
+        model = cls.from_layouts(
             layouts,
             switches=parents,
             gpu_models=site.gpu_models(),
             fpga_models=site.fpga_models(),
             def_mem_per_cpu_mib=site.scheduling.def_mem_per_cpu,
         )
+        default = next((n for n, p in site.partitions.items() if p.spec.default), None)
+        return replace(model, partitions={n: p.nodes for n, p in site.partitions.items()},
+                       default_partition=default, _cache={})
 
     @classmethod
     def from_layouts(
@@ -428,18 +437,51 @@ class ClusterModel:
             )
         return big
 
+    def in_partition(self, partition: str | None) -> ClusterModel:
+        """The cluster as a job of ``partition`` sees it (``None``: the default partition, as
+        Slurm gives a job that names none): nodes outside it unavailable, here and in
+        :meth:`empty`. The model itself when it knows no partitions or the partition holds
+        every node; cached per partition.
+
+        Raises:
+            PlacementError: ``partition`` names a partition the model does not know (Slurm
+                refuses such a job at submission).
+        """
+        name = partition or self.default_partition
+        if not name or not self.partitions:
+            return self
+        key = ("partition", name)
+        cached: ClusterModel | None = self._cache.get(key)
+        if cached is not None:
+            return cached
+        allowed: set[str] = set()
+        for p in name.split(","):
+            if p not in self.partitions:
+                raise PlacementError(f"partition '{p}' is not one of the site's: "
+                                     + ", ".join(sorted(self.partitions)))
+            allowed.update(self.partitions[p])
+        if all(n in allowed for n in self.names):
+            out = self
+        else:
+            scope = _ro(np.asarray([n in allowed for n in self.names], dtype=np.uint8))
+            out = replace(self, scope=scope, _cache={}).with_arrays(self.state)
+            if "live" in self._cache:
+                out._cache["live"] = self._cache["live"]
+        self._cache[key] = out
+        return out
+
     def empty(self) -> ClusterModel:
         """The same cluster with nothing running and every node available (cached: "cannot
-        place" answers evaluate it, and its compiled core is built once)."""
+        place" answers evaluate it, and its compiled core is built once); within
+        :meth:`in_partition`'s scope when it has one."""
         cached: ClusterModel | None = self._cache.get("empty")
         if cached is None:
-            cached = replace(
-                self,
-                state=_empty_state(self.n_nodes, len(self.gpu_island),
-                                   int(self.fpga_offsets[-1]), len(self.core_numa),
-                                   self.mem_total_mib.tolist()),
-                _cache={},
-            )
+            state = _empty_state(self.n_nodes, len(self.gpu_island),
+                                 int(self.fpga_offsets[-1]), len(self.core_numa),
+                                 self.mem_total_mib.tolist())
+            if self.scope is not None:
+                state = replace(state, available=self.scope)
+            cached = replace(self, state=state, _cache={})
             self._cache["empty"] = cached
         return cached
 
@@ -475,6 +517,8 @@ class ClusterModel:
                 if raw.size and not np.isin(raw, (0, 1)).all():
                     raise PlacementError(f"state {name} must hold only 0 and 1")
                 fixed[name] = _ro(raw.astype(np.uint8))
+        if self.scope is not None:
+            fixed["available"] = _ro(fixed["available"] & self.scope)
         return replace(self, state=StateArrays(time=float(state.time), **fixed), _cache={})
 
     def with_state(self, live: LiveState) -> ClusterModel:

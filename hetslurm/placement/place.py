@@ -666,6 +666,7 @@ def place(
         PlacementError: The request is malformed (counts, sentinels, unknown models).
         CoreNotBuiltError: The compiled core is missing.
     """
+    model = model.in_partition(request.partition)
     kr = compile_request(model, request, weights)
     if live is None:
         live = model._cache.get("live")
@@ -688,6 +689,13 @@ def place_batch(
     Raises:
         PlacementError: A request is malformed; the message names its position.
     """
+    parts = {req.partition or model.default_partition for req in requests}
+    if len(parts) > 1:
+        raise PlacementError("place_batch: the requests go to different partitions ("
+                             + ", ".join(sorted(str(p) for p in parts))
+                             + "); place each partition's queue on its own")
+    if parts:
+        model = model.in_partition(parts.pop())
     compiled: list[KernelRequest] = []
     for r, req in enumerate(requests):
         try:

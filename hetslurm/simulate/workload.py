@@ -304,8 +304,11 @@ def _fits_empty(model: ClusterModel, req: Request, partition: str, site: Site,
     available = np.zeros(model.n_nodes, dtype=np.uint8)
     available[list(idx)] = 1
     s = model.state
-    masked = model.with_arrays(StateArrays(available, s.gpu_free, s.fpga_free, s.core_free,
-                                           s.mem_free_mib, s.free_at))
+    # The policy's partition decides here (it may be '*'), not the request's own: a model
+    # without partitions, so place() does not narrow it again.
+    masked = replace(model, partitions={}, default_partition=None, _cache={}).with_arrays(
+        StateArrays(available, s.gpu_free, s.fpga_free, s.core_free, s.mem_free_mib,
+                    s.free_at))
     try:
         return place(masked, req, score_weights(pol)).placeable
     except PlacementError:
