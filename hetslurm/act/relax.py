@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from hetslurm.act.log import ActionLog
 from hetslurm.act.stall import decision_record
 from hetslurm.errors import HetslurmError
+from hetslurm.request.record import DecisionRecord
 from hetslurm.slurm.backend import JobInfo, NotFoundError, SlurmBackend, Switches
 from hetslurm.slurm.units import GresItem
 
@@ -191,10 +192,10 @@ class _Ask:
     kept: tuple[str, ...]
 
 
-def _ask(job: JobInfo, req: Request, rec: Mapping[str, Any], site: Site,
+def _ask(job: JobInfo, req: Request, rec: DecisionRecord, site: Site,
          kinds: Sequence[str]) -> _Ask | str:
     """What could be relaxed, or a one-line reason why nothing can."""
-    kept = tuple(k for k in str(rec.get("kept", "")).split(",") if k)
+    kept = rec.kept
     edits: list[Edit] = []
     held, relaxed = req, req
     loc = req.locality
@@ -329,11 +330,10 @@ def plan_relax(jobs: Sequence[JobInfo], site: Site, policy: Rebalance, model: Cl
             skipped.append(j.display_id)
             continue
         rec = decision_record(j, record_field, record_key)
-        text = rec.get("req")
-        if (not rec or not isinstance(text, str) or rec.get("outcome") != "rewrite"
-                or rec.get("mode", "enforce") != "enforce"):
+        if rec is None or rec.request is None or not rec.enforced:
             count("no-record")
             continue
+        text = rec.request
 
         def decide(rule: str, action: str, detail: str, *, j: JobInfo = j, text: str = text,
                    edits: tuple[Edit, ...] = (), evidence: Mapping[str, Any] | None = None

@@ -29,7 +29,6 @@ and a check that Slurm shows the job pending with the new request and its restar
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import time
@@ -41,6 +40,7 @@ from hetslurm.act import notify as notifier
 from hetslurm.act.log import ActionLog
 from hetslurm.act.output_mode import OutputProbe
 from hetslurm.errors import BackendError, HetslurmError
+from hetslurm.request.record import DecisionRecord, find_record
 from hetslurm.site.schema import Collector, Stall, Usage
 from hetslurm.slurm.backend import JobInfo, NotFoundError, SlurmBackend
 from hetslurm.slurm.units import GresItem, parse_gres
@@ -53,7 +53,6 @@ THROUGH_LEADER = ("requeue", "requeue_hold", "cancel")
 #: Rules whose jobs are not idle (or not judged): summarised per run, not logged one by one.
 QUIET_RULES = ("in-grace", "not-idle")
 
-_RECORD = re.compile(r"(?:^|\s)([a-z][a-z0-9_-]{0,31}):(\{[^{}]*\})")
 
 
 @dataclass(frozen=True)
@@ -320,23 +319,11 @@ def idle_evidence(jobs: Sequence[JobInfo], samples: Any, usage: Usage, *, window
 
 # ----------------------------------------------------------------------------- the rules
 def decision_record(job: JobInfo, field_name: str = "admin_comment",
-                    key: str = "hetslurm") -> dict[str, Any]:
-    """The hook's ``<key>:{...}`` segment of the job (docs/hook.md), or ``{}``."""
+                    key: str = "hetslurm") -> DecisionRecord | None:
+    """The hook's decision record of ``job`` (:func:`hetslurm.request.record.find_record`)."""
     if field_name == "none":
-        return {}
-    text = job.comment if field_name == "comment" else job.admin_comment
-    if (text or "").count(key + ":{") > 1:
-        # The hook refuses a second marker (docs/security.md); one here was written before
-        # that, and which segment is the hook's cannot be told: trust neither.
-        return {}
-    for m in _RECORD.finditer(text or ""):
-        if m.group(1) == key:
-            try:
-                rec = json.loads(m.group(2))
-            except json.JSONDecodeError:
-                return {}
-            return rec if isinstance(rec, dict) else {}
-    return {}
+        return None
+    return find_record(job.comment if field_name == "comment" else job.admin_comment, key)
 
 
 @dataclass(frozen=True)
@@ -411,15 +398,13 @@ class Context:
         return self.stall.window_s or self.usage.idle_window_s
 
 
-_MIN_GPU_MEM = re.compile(r"(?:^|\s)min-gpu-mem=(\d+)([KMGT]?)(?:i?B)?(?:\s|$)", re.I)
-_MEM_FACTOR = {"K": 1 / 1024, "M": 1, "": 1, "G": 1024, "T": 1024 * 1024}
 #: Characters of a constraint expression hetslurm does not rewrite (counts, brackets, ...).
 _COMPLEX_FEATURES = re.compile(r"[\[\]()*,:!\s]")
 
 
-def _min_gpu_mem_mib(rec: Mapping[str, Any]) -> float:
-    m = _MIN_GPU_MEM.search(str(rec.get("req", "")))
-    return float(m.group(1)) * _MEM_FACTOR[m.group(2).upper()] if m else 0.0
+def _min_gpu_mem_mib(rec: DecisionRecord | None) -> float:
+    req = rec.parsed() if rec is not None else None
+    return float(req.min_gpu_mem_mib or 0) if req is not None else 0.0
 
 
 def _gres_text(items: Sequence[GresItem]) -> str:
@@ -459,7 +444,7 @@ def _relaxed_features(features: str | None, models: Sequence[str], to: str
     return "&".join(out), None
 
 
-def downgrade_for(job: JobInfo, rec: Mapping[str, Any], ev: Evidence | None, ctx: Context
+def downgrade_for(job: JobInfo, rec: DecisionRecord | None, ev: Evidence | None, ctx: Context
                   ) -> tuple[Downgrade | None, str]:
     """The next cheaper GPU model for ``job`` and the request that asks for it, or
     ``(None, why not)``.
@@ -483,8 +468,8 @@ def downgrade_for(job: JobInfo, rec: Mapping[str, Any], ev: Evidence | None, ctx
     if current not in site.order:
         return None, f"{current} is not a GPU model of the site"
     allowed = set(site.order)
-    cls = rec.get("class")
-    if isinstance(cls, str) and site.classes.get(cls):
+    cls = rec.workload_class if rec is not None else None
+    if cls is not None and site.classes.get(cls):
         allowed &= set(site.classes[cls])
     parts = [p for p in (job.partition or "").split(",") if p in site.partitions]
     if parts:
@@ -522,7 +507,7 @@ def downgrade_for(job: JobInfo, rec: Mapping[str, Any], ev: Evidence | None, ctx
         if have and "|" in have:
             return None, f"the constraint {have!r} is an OR: {to} not added"
         features = f"{have}&{to}" if have else to
-    wrote = {f for f in str(rec.get("set", "")).split(",") if f}
+    wrote = set(rec.set_fields) if rec is not None else set()
     touched = [f for f, v in (("tres_per_node", gres), ("features", features)) if v is not None]
     hook_owned = [f for f in touched if f in wrote]
     if ctx.record_field != "none" and hook_owned and ctx.uid not in ctx.modify_exempt_uids:
@@ -554,7 +539,7 @@ def verdict(job: JobInfo, ev: Evidence | None, ctx: Context, now: float,
     age = now - start if start is not None else 0.0
     need = max(st.grace_after_start_s, ctx.window_s)
     rec = decision_record(job, ctx.record_field, ctx.record_key)
-    on_idle = rec.get("on_idle") if isinstance(rec.get("on_idle"), str) else None
+    on_idle = rec.on_idle if rec is not None else None
 
     def v(rule: str, planned: str, reason: str, mode: str | None = None,
           dg: Downgrade | None = None) -> Verdict:
@@ -592,7 +577,8 @@ def verdict(job: JobInfo, ev: Evidence | None, ctx: Context, now: float,
                  "be checked")
     if not job.batch:
         return v("non-batch", st.non_batch_action, "interactive job: Slurm cannot requeue it")
-    if not job.requeue or "no-requeue" in str(rec.get("req", "")).split():
+    asked = rec.parsed() if rec is not None else None
+    if not job.requeue or (asked is not None and asked.no_requeue):
         return v("no-requeue", "none",
                  "the job refuses requeue (--no-requeue or #HET no-requeue)")
     if job.restarts >= st.max_requeues:

@@ -16,7 +16,6 @@ never becomes a million nested dicts.
 from __future__ import annotations
 
 import gc
-import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,7 +25,10 @@ import msgspec
 
 from hetslurm.errors import HetslurmError, MetricsError
 from hetslurm.process import run_command
+from hetslurm.request.record import DecisionRecord, find_record
+from hetslurm.site.hook_rules import hook_policy
 from hetslurm.site.model import Site
+from hetslurm.site.schema import HookPolicy
 from hetslurm.slurm.parse import TESTED_JSON_PLUGINS, json_data_parser, json_plugin
 from hetslurm.slurm.units import NO_VAL, expand_hostlist
 
@@ -158,9 +160,6 @@ def iter_sacct_jobs(text: str | bytes) -> Iterator[Any]:
         yield msgspec.json.decode(raw)
 
 
-_CLASS_RE = re.compile(r"(?:^|[\s;,])class=([A-Za-z0-9_-]+)")
-
-
 class ModelResolver:
     """A job's GPU model: its typed gres, else the models of its nodes in the site."""
 
@@ -183,13 +182,11 @@ class ModelResolver:
         return self._cache[nodes]
 
 
-def job_class(site: Site | None, partition: str | None, *texts: str | None) -> str:
-    """The workload class: ``class=X`` written by the hook, else the partition's class."""
-    for t in texts:
-        if t:
-            m = _CLASS_RE.search(t)
-            if m:
-                return m.group(1)
+def job_class(site: Site | None, partition: str | None,
+              record: DecisionRecord | None) -> str:
+    """The workload class: the hook's decision record's ``class``, else the partition's."""
+    if record is not None and record.workload_class:
+        return record.workload_class
     if site is not None and partition:
         classes = site.sections.get("classes", {})
         names = [c for c, wc in classes.items() if wc.partition == partition]
@@ -288,7 +285,8 @@ def _decode_jobs(raws: list[msgspec.Raw], site: Site | None, res: SacctResult) -
     """Each record decoded and cut into the jobs DataFrame."""
     decode = msgspec.json.Decoder(_Job).decode
     resolver = ModelResolver(site)
-    class_of: dict[tuple[str, str, str], str] = {}
+    policy = hook_policy(site) if site is not None else HookPolicy()
+    class_of: dict[tuple[str, str], str] = {}
     cols = _Columns()
     rows: list[tuple[Any, ...]] = []
     n = 0
@@ -318,10 +316,13 @@ def _decode_jobs(raws: list[msgspec.Raw], site: Site | None, res: SacctResult) -
             comment = rec.comment
             admin = (comment.administrator or "") if comment is not None else ""
             jcomment = (comment.job or "") if comment is not None else ""
-            ckey = (partition, admin, jcomment)
+            rec_text = {"admin_comment": admin, "comment": jcomment}.get(policy.record_field,
+                                                                          "")
+            ckey = (partition, rec_text)
             wc = class_of.get(ckey)
             if wc is None:
-                wc = class_of[ckey] = job_class(site, partition, admin, jcomment)
+                wc = class_of[ckey] = job_class(site, partition,
+                                                find_record(rec_text, policy.record_key))
         except (msgspec.MsgspecError, ArithmeticError, AttributeError, KeyError, TypeError,
                 ValueError, RecursionError) as exc:
             res.skipped += 1

@@ -18,6 +18,8 @@ from typing import Any
 from hetslurm.errors import ConfigError
 from hetslurm.hook import render as render_mod
 from hetslurm.hook.standin import NO_VAL, NO_VAL16, HookRuntime
+from hetslurm.request.record import find_record
+from hetslurm.site.hook_rules import hook_policy
 from hetslurm.site.model import Site
 from hetslurm.slurm.units import time_seconds
 from hetslurm.textfile import MAX_DATA_BYTES, read_text_file
@@ -323,17 +325,15 @@ def explain(
     return ex
 
 
-def _request_text(record: str | None) -> str | None:
-    if not record:
-        return None
-    m = re.search(r'"req":"([^"]*)"', record)
-    return m.group(1) if m else None
+def _request_text(record: str | None, key: str) -> str | None:
+    rec = find_record(record, key)
+    return rec.request if rec is not None else None
 
 
 def _add_placement(ex: Explanation, site: Site, state: str | None,
                    state_text: str | None) -> None:
     """Where ``hetslurm place`` would put the request now (read-only; never fatal)."""
-    text = _request_text(ex.record)
+    text = _request_text(ex.record, hook_policy(site).record_key)
     if text is None:
         ex.placement_note = ("placement skipped: the decision record (its request) is not "
                              "written with this site's [hook] record_field")

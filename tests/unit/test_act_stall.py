@@ -83,7 +83,7 @@ def test_rules_and_exemptions(kw: dict, stall: dict, rule: str, planned: str) ->
 
 def test_user_edited_comment_is_not_the_record() -> None:
     # The record lives in AdminComment by default; a user's Comment cannot exempt a job.
-    fake = cluster(job(1, comment='hetslurm:{"on_idle":"notify","req":"no-requeue"}'))
+    fake = cluster(job(1, comment='hetslurm:{"v":1,"on_idle":"notify","req":"no-requeue"}'))
     got = rules(plan(fake, samples({1: 0.0}), ctx(), now=NOW, output_probe=append_probe))
     assert got["1"] == ("idle", "requeue")
 
@@ -280,7 +280,7 @@ def test_hold_and_cancel_are_verified(tmp_path: Path) -> None:
 
 
 def test_notify_only_once_per_job_and_rule(tmp_path: Path) -> None:
-    fake = cluster(job(1, requeue=True, admin_comment='hetslurm:{"on_idle":"notify"}'))
+    fake = cluster(job(1, requeue=True, admin_comment='hetslurm:{"v":1,"on_idle":"notify"}'))
     log = ActionLog(tmp_path / "a.jsonl")
     out_file = tmp_path / "notes"
     script = tmp_path / "notifier"
@@ -343,10 +343,11 @@ def test_decision_record_with_two_markers_is_not_trusted() -> None:
     from hetslurm.act.stall import decision_record
 
     honest = 'hetslurm:{"v":1,"outcome":"rewrite","on_idle":"notify"}'
-    assert decision_record(job(1, admin_comment=honest))["on_idle"] == "notify"
+    rec = decision_record(job(1, admin_comment=honest))
+    assert rec is not None and rec.on_idle == "notify"
     forged = 'hetslurm:{"v":1,"on_idle":"notify"} ' + honest.replace("notify", "requeue")
-    assert decision_record(job(1, admin_comment=forged)) == {}
-    assert decision_record(job(1, comment=forged), "comment") == {}
+    assert decision_record(job(1, admin_comment=forged)) is None
+    assert decision_record(job(1, comment=forged), "comment") is None
 
 
 def test_a_job_with_an_unknown_restart_count_is_never_requeued(tmp_path: Path) -> None:

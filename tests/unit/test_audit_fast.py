@@ -240,9 +240,12 @@ def test_invalid_utf8_in_a_record_skips_that_record() -> None:
     assert list(res.jobs["job_id"]) == [1]
 
 
+REC_TRAIN = 'hetslurm:{"v":1,"outcome":"rewrite","class":"train","req":"gpus=4 class=train"}'
+
+
 def test_bytes_and_text_give_the_same_jobs() -> None:
     doc = sacct_doc(job(1, "gpu1", 2, T0, T0 + 60), job(2, "gpu3", 4, T0, T0 + 90,
-                                                         typed=None, comment="class=train"))
+                                                         typed=None, comment=REC_TRAIN))
     a, b = parse_sacct_json(doc), parse_sacct_json(doc.encode())
     pd.testing.assert_frame_equal(a.jobs, b.jobs, check_exact=True)
     assert list(a.jobs["gpu_model"]) == ["h100", ""]  # no site: an untyped job's model is ""

@@ -70,10 +70,13 @@ def data(tmp_path: Path) -> tuple[Path, Path]:
     """gpu1: job 1 busy on 0-1, job 2 idle on 4-5 (100 s each); gpu3: job 3 on a100 0-3
     split 2+2 across islands (indices 2-5); job 4 asked h100|a100 untyped, got gpu2."""
     jobs = [
-        job(1, "gpu1", 2, T0, T0 + 100, eligible=T0 - 30, comment="class=train"),
+        job(1, "gpu1", 2, T0, T0 + 100, eligible=T0 - 30,
+            comment='hetslurm:{"v":1,"mode":"enforce","outcome":"rewrite","class":"train",'
+                    '"req":"gpus=2 class=train"}'),
         job(2, "gpu1", 2, T0, T0 + 100),
         job(3, "gpu3", 4, T0, T0 + 100, typed="a100",
-            comment="hetslurm: class=train locality=nvlink"),
+            comment='JS1:x hetslurm:{"v":1,"outcome":"rewrite","class":"train",'
+                    '"req":"gpus=4 locality=nvlink class=train"}'),
         job(4, "gpu2", 1, T0 + 50, T0 + 100, typed=None, constraints="h100|a100",
             eligible=T0 - 10),
         job(5, "cpu1", 0, T0, T0 + 100, typed=None, partition="cpu"),
