@@ -178,6 +178,41 @@ def test_explain_live_state_matches_where_the_job_runs(jobs: Jobs, tmp_path: Pat
     assert running_on(jobs, job_id) <= A100
 
 
+def test_energy_low_one_answer_from_explain_place_and_the_hook(jobs: Jobs, tmp_path: Path,
+                                                             slurm_env: dict[str, str]
+                                                             ) -> None:
+    """Issue 19: both A100 nodes busy, the H100 nodes idle, `#HET gpus=1 energy=low`. The hook
+    writes an A100 gres; explain and place (live state) say it cannot start now and never
+    name an H100 node; the job waits, and runs on the A100 node that frees."""
+    fillers = {node: jobs.sbatch("-w", node, "-p", "gpu", "--gres=gpu:a100:8",
+                                 script="sleep 300") for node in sorted(A100)}
+    for f in fillers.values():
+        jobs.wait_state(f, {"RUNNING"}, timeout=60)
+    script = tmp_path / "low.sh"
+    script.write_text("#!/bin/sh\n#HET gpus=1 energy=low\nsleep 60\n")
+    env = {**os.environ, **slurm_env}
+
+    def hetslurm(*args: str) -> dict:
+        return json.loads(run_command([sys.executable, "-m", "hetslurm", *args, "--site",
+                                       str(DEMO_FILE), "--state", "live", "--format", "json"],
+                                      timeout=120, env=env, cwd=tmp_path).stdout)
+
+    ex = hetslurm("explain", str(script))
+    writes = {w["field"]: w["value"] for w in ex["writes"]}
+    assert writes["tres_per_node"] == "gres:gpu:a100:1", writes
+    assert ex["placement"] is not None, ex.get("placement_note")
+    assert not ex["placement"]["placeable"], ex["placement"]
+    assert not set(ex["placement"]["nodes"]) & H100
+    pl = hetslurm("place", "--request", "gpus=1 energy=low")
+    assert not pl["placeable"] and not set(pl.get("nodes") or []) & H100, pl
+    job_id, _ = sbatch(jobs, tmp_path, script.read_text())
+    assert job_id
+    time.sleep(3)
+    assert show(jobs, job_id)["JobState"] == "PENDING"  # H100 idle, the job waits for an A100
+    run_command(["scancel", fillers["gpu4"]], timeout=30, env=jobs.env)
+    assert running_on(jobs, job_id) == {"gpu4"}
+
+
 def test_priority_high_outranks_normal(jobs: Jobs, tmp_path: Path) -> None:
     # priority=high puts the job in QOS "high" (priority 1000); the rendered
     # PriorityWeightQOS makes that count in multifactor priority. --begin keeps both pending
