@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -45,13 +44,13 @@ class _ReadOnly:
 
 def live_target(conf_dir: str | None, whole: bool,
                 env: Mapping[str, str] | None = None) -> Target:
-    """A read-only target: ``conf_dir``, else the folder of ``$SLURM_CONF``, else /etc/slurm."""
+    """A read-only target on :func:`~hetslurm.slurm.conf.slurm_conf_dir` of ``conf_dir``."""
     from hetslurm.levers.live import Target
+    from hetslurm.slurm.conf import slurm_conf_dir
 
     env = dict(os.environ if env is None else env)
-    folder = Path(conf_dir) if conf_dir else (
-        Path(env["SLURM_CONF"]).parent if env.get("SLURM_CONF") else Path("/etc/slurm"))
-    return Target(conf_dir=folder, daemons=_ReadOnly(), whole=whole, env=env)
+    return Target(conf_dir=slurm_conf_dir(conf_dir, env), daemons=_ReadOnly(), whole=whole,
+                  env=env)
 
 
 def drift(site: Site, target: Target) -> DriftReport:

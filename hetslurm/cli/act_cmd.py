@@ -6,8 +6,8 @@ import os
 
 import click
 
-from hetslurm.cli.output import emit, format_option
-from hetslurm.slurm import BACKENDS
+from hetslurm.cli.options import backend_option, format_option, site_option, site_path_or_none
+from hetslurm.cli.output import emit
 
 
 @click.group("act")
@@ -20,8 +20,7 @@ def act() -> None:
 
 
 @act.command("requeue-stalled")
-@click.option("--site", "site_file", type=click.Path(dir_okay=False), default=None,
-              help="Site file with [stall] and [usage] [default: $HETSLURM_SITE].")
+@site_option(when_missing="defaults")
 @click.option("--store", type=click.Path(file_okay=False), default=None,
               help="Metrics store folder [default: [collector] store of the site].")
 @click.option("--apply", "apply_", is_flag=True,
@@ -31,8 +30,7 @@ def act() -> None:
               help="Action log (JSON lines) [default: [stall] action_log].")
 @click.option("--lock", "lock_file", type=click.Path(dir_okay=False), default=None,
               help="Lock file that keeps runs from overlapping [default: [stall] lock_file].")
-@click.option("--backend", type=click.Choice(BACKENDS), default="cli", show_default=True,
-              help="How to reach Slurm.")
+@backend_option(default="cli")
 @format_option
 def requeue_stalled(site_file: str | None, store: str | None, apply_: bool,
                     action_log: str | None, lock_file: str | None, backend: str,
@@ -55,7 +53,8 @@ def requeue_stalled(site_file: str | None, store: str | None, apply_: bool,
     from hetslurm.site.load import load_site_as_root
     from hetslurm.slurm import get_backend
 
-    path = site_file or os.environ.get("HETSLURM_SITE")
+    # The site ([stall], [usage]) by the one rule; without one, the built-in defaults.
+    path = site_path_or_none(site_file)
     site = load_site_as_root(path) if path else None
     env = dict(os.environ)
     req = StallRequest(apply=apply_, store=store, action_log=action_log, lock_file=lock_file)

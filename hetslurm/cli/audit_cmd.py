@@ -12,9 +12,9 @@ from datetime import datetime
 
 import click
 
+from hetslurm.cli.options import format_option, site_option, site_path_or_none
 from hetslurm.errors import PARTIAL_EXIT
 
-FORMATS = ("table", "csv", "json", "parquet", "html")
 _REL_RE = re.compile(r"^now(?:-(\d+(?:\.\d+)?)([smhd]))?$")
 _UNIT = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -35,8 +35,7 @@ def parse_when(text: str, now: float) -> float:
 
 
 @click.command("audit")
-@click.option("--site", "site_file", type=click.Path(dir_okay=False), default=None,
-              help="Site file (models, islands, [usage]) [default: $HETSLURM_SITE].")
+@site_option(when_missing="defaults")
 @click.option("--since", default="now-1d", show_default=True,
               help="Start: epoch, ISO 8601 or now-N{s,m,h,d}.")
 @click.option("--until", default="now", show_default=True, help="End (exclusive).")
@@ -54,10 +53,9 @@ def parse_when(text: str, now: float) -> float:
               help="Print only these tables (table/csv formats).")
 @click.option("--idle-window", type=click.IntRange(1), default=None,
               help="Override [usage] idle_window_s.")
-@click.option("--format", "output_format", type=click.Choice(FORMATS), default="table",
-              show_default=True,
-              help="table, csv, json (one object of named tables), parquet (needs --out DIR) "
-                   "or html (to --out FILE or stdout).")
+@format_option(extra=("parquet", "html"),
+               more_help="json is one object of named tables; parquet needs --out DIR; html "
+                         "goes to --out FILE or stdout.")
 @click.option("--out", "out_path", type=click.Path(), default=None,
               help="Where parquet (a folder) or html (a file) goes.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None,
@@ -97,7 +95,7 @@ def audit_cmd(site_file: str | None, since: str, until: str, store: str | None,
     t0, t1 = parse_when(since, now), parse_when(until, now)
     if t1 <= t0:
         raise click.BadParameter("--until must be after --since", param_hint="--until")
-    path = site_file or os.environ.get("HETSLURM_SITE")
+    path = site_path_or_none(site_file)
     site = load_site(path) if path else None
     usage: Usage = site.sections["usage"] if site is not None else Usage()
     if idle_window is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from hetslurm.cli.options import shipped_default, shipped_site_option, site_option, site_path
 from hetslurm.cli.output import emit, format_option
 
 
@@ -13,12 +14,11 @@ def bench() -> None:
 
 
 @bench.command("testbed")
-@click.option("--site", "site_file", type=click.Path(dir_okay=False), default=None,
-              help="Site file [default: site-configs/demo.toml].")
+@shipped_site_option("demo.toml", "demo site")
 @click.option("--jobs", type=click.IntRange(1, 100_000), default=200, show_default=True,
               help="Held batch jobs to submit for the submit-rate figure.")
 @format_option
-def bench_testbed_cmd(site_file: str | None, jobs: int, output_format: str) -> None:
+def bench_testbed_cmd(site_file: str, jobs: int, output_format: str) -> None:
     """Boot a fresh testbed in a temporary folder and time it.
 
     Reports: up (cold, with MariaDB initialisation, and warm) until every node is idle;
@@ -42,8 +42,7 @@ def bench_testbed_cmd(site_file: str | None, jobs: int, output_format: str) -> N
 @click.option("--real-jobs", type=click.IntRange(0), default=0, show_default=True,
               help="Also run this many 1-GPU jobs on the testbed ($SLURM_CONF) and compare "
                    "the audit with the per-job way (sacct -j and a store read per job).")
-@click.option("--site", "site_file", type=click.Path(dir_okay=False), default=None,
-              help="Site of the testbed for --real-jobs [default: site-configs/demo.toml].")
+@site_option()
 @click.option("--workdir", type=click.Path(file_okay=False), default=None,
               help="Where the synthetic data set is written (and removed) [default: $TMPDIR].")
 @format_option
@@ -64,10 +63,10 @@ def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
         click.echo(f"bench audit: {msg}", err=True)
 
     from hetslurm.site import load_site
-    from hetslurm.testbed import default_site
 
-    # Read before the minutes of the synthetic run, so a bad site file fails at once.
-    site = load_site(site_file or default_site()) if real_jobs or site_file else None
+    # The site of the testbed the real jobs run on: the one rule. Read before the minutes of
+    # the synthetic run, so a bad or missing site file fails at once.
+    site = load_site(site_path(site_file)) if real_jobs or site_file else None
     res = bench_synthetic(n_jobs, samples, nodes, workdir, log)
     res["speedup_vs_per_job"] = None
     if real_jobs and site is not None:
@@ -79,8 +78,7 @@ def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
 
 
 @bench.command("hook")
-@click.option("--site", "site_file", type=click.Path(dir_okay=False), default=None,
-              help="Site file [default: site-configs/demo.toml].")
+@shipped_site_option("demo.toml", "demo site")
 @click.option("--calls", type=click.IntRange(100, 10_000_000), default=20_000, show_default=True,
               help="In-process calls for the typical p50/p99.")
 @click.option("--no-testbed", is_flag=True, help="Only the in-process figures (no root needed).")
@@ -97,7 +95,7 @@ def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
                    "restarted without JobSubmitPlugins=lua, between two blocks with the "
                    "hook): what job_submit/lua itself costs.")
 @format_option
-def bench_hook_cmd(site_file: str | None, calls: int, no_testbed: bool, depths: str, jobs: int,
+def bench_hook_cmd(site_file: str, calls: int, no_testbed: bool, depths: str, jobs: int,
                    rounds: int, plugin_reference: bool, output_format: str) -> None:
     """Time the job_submit hook: per call in-process (typical p50/p99, the slowest case of the
     hostile corpus) and slurmctld's mean submit time from sdiag with and without it at several
@@ -171,11 +169,10 @@ def bench_placement_cmd(sizes: str, no_alibaba: bool, calls: int, reference_call
 
 
 @bench.command("simulate")
-@click.option("--site", "site_file", type=click.Path(dir_okay=False),
-              default="site-configs/case-study.toml", show_default=True, help="Site file.")
+@shipped_site_option("case-study.toml", "case study")
 @click.option("--params", "params_file", type=click.Path(dir_okay=False),
-              default="site-configs/simulate-params.toml", show_default=True,
-              help="Simulator assumptions.")
+              default=shipped_default("simulate-params.toml"),
+              help="Simulator assumptions [default: the shipped simulate-params.toml].")
 @click.option("--jobs", "limit", type=click.IntRange(1), default=None,
               help="First N jobs of each trace [default: all].")
 @click.option("--load", "load_specs", multiple=True, metavar="TRACE=LOAD",

@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from hetslurm.cli.options import site_option, site_path_or_none
 from hetslurm.site.model import Site
 
 NVML_KINDS = ("real", "fake")
@@ -16,14 +17,12 @@ NVML_KINDS = ("real", "fake")
 def _site(path: str | None) -> Site | None:
     from hetslurm.site import load_site
 
-    path = path or os.environ.get("HETSLURM_SITE")
-    return load_site(path) if path else None
+    found = site_path_or_none(path)
+    return load_site(found) if found else None
 
 
 @click.command("collect")
-@click.option("--site", "site_file", type=click.Path(dir_okay=False), default=None,
-              help="Site file with [collector]/[usage] [default: $HETSLURM_SITE, else "
-                   "built-in defaults].")
+@site_option(when_missing="defaults")
 @click.option("--node", "nodes", multiple=True,
               help="Node to collect for (repeatable) [default: this host's short name].")
 @click.option("--all-nodes", is_flag=True,

@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from hetslurm.cli.output import emit, format_option
+from hetslurm.cli.options import EMPTY, format_option, site_option, site_path, state_option
+from hetslurm.cli.output import emit
 
 
 def _sbatch_options(f: Callable[..., None]) -> Callable[..., None]:
@@ -26,18 +27,15 @@ def _sbatch_options(f: Callable[..., None]) -> Callable[..., None]:
 @click.command("explain")
 @click.argument("script", metavar="JOB_SCRIPT", required=False,
                 type=click.Path(dir_okay=False, allow_dash=True))
-@click.option("--site", "site_file", type=click.Path(dir_okay=False), default=None,
-              help="Site file [default: $HETSLURM_SITE or site-configs/demo.toml].")
+@site_option()
 @click.option("--hook", "hook_file", type=click.Path(dir_okay=False), default=None,
               help="Run this installed job_submit.lua instead of rendering one for --site.")
 @_sbatch_options
 @click.option("--user", default="root", show_default=True, help="Submitting user's name.")
-@click.option("--state", default=None,
-              help="Place against 'live' Slurm state or a `hetslurm state dump` file "
-                   "[default: the empty cluster].")
+@state_option(default="empty")
 @format_option
 def explain_cmd(script: str | None, site_file: str | None, hook_file: str | None, user: str,
-                state: str | None, output_format: str, **sbatch: Any) -> None:
+                state_spec: str, output_format: str, **sbatch: Any) -> None:
     """Show what the job_submit hook would do to JOB_SCRIPT, and where it would run now.
 
     Runs the same job_submit.lua slurmctld runs, in-process (Lua 5.1 through lupa), with a
@@ -49,7 +47,6 @@ def explain_cmd(script: str | None, site_file: str | None, hook_file: str | None
     """
     from hetslurm.hook.explain import JobOptions, explain
     from hetslurm.site import load_site
-    from hetslurm.testbed.cluster import default_site
     from hetslurm.textfile import read_text_file, read_text_stream
 
     text: str | None = None
@@ -60,10 +57,11 @@ def explain_cmd(script: str | None, site_file: str | None, hook_file: str | None
                                 errors="surrogateescape")
     elif script:
         text = read_text_file(script, what="job script", errors="surrogateescape")
-    site = load_site(site_file or default_site())
+    site = load_site(site_path(site_file))
     opts = JobOptions(user=user, **sbatch)
     hook_text = read_text_file(hook_file, what="--hook file") if hook_file else None
-    ex = explain(text, site, opts, hook_text=hook_text, state=state)
+    ex = explain(text, site, opts, hook_text=hook_text,
+                 state=None if state_spec == EMPTY else state_spec)
     doc = ex.to_dict()
     if output_format == "json":
         emit([], "json", document=doc)

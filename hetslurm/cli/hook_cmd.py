@@ -3,28 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import click
 
-from hetslurm.cli.output import emit, format_option
+from hetslurm.cli.options import conf_dir_option, format_option, site_option, site_path
+from hetslurm.cli.output import emit
+from hetslurm.slurm.conf import slurm_conf_dir
 
-SITE_OPT = click.option("--site", "site_file", required=True, type=click.Path(dir_okay=False),
-                        help="Site file (its [hook] section and [classes]).")
-DIR_OPT = click.option("--dir", "conf_dir", type=click.Path(file_okay=False), default=None,
-                       help="Folder of slurm.conf [default: the folder of $SLURM_CONF].")
+SITE_OPT = site_option()
+# `--dir` is the spelling docs/cli.md and docs/hook.md use; `--conf-dir` that of the others.
+DIR_OPT = conf_dir_option(alias="--dir")
 MODE_OPT = click.option("--mode", type=click.Choice(["enforce", "shadow", "off"]), default=None,
                         help="Override the site's [hook] mode.")
-
-
-def _conf_dir(conf_dir: str | None) -> Path:
-    if conf_dir:
-        return Path(conf_dir)
-    if os.environ.get("SLURM_CONF"):
-        return Path(os.environ["SLURM_CONF"]).parent
-    raise click.UsageError("give --dir or set SLURM_CONF")
 
 
 def _read(path: str | None, option: str) -> str | None:
@@ -50,14 +42,14 @@ def hook() -> None:
               help="A site's existing job_submit.lua to run before hetslurm's logic.")
 @click.option("--chain-after", type=click.Path(dir_okay=False), default=None,
               help="A site's existing job_submit.lua to run after hetslurm's logic.")
-def render_cmd(site_file: str, mode: str | None, rules_only: bool, chain_before: str | None,
+def render_cmd(site_file: str | None, mode: str | None, rules_only: bool, chain_before: str | None,
                chain_after: str | None) -> None:
     """Print the rendered job_submit.lua (or, with --rules, its rules) to stdout."""
     from hetslurm.hook.render import render_hook
     from hetslurm.site import load_site
     from hetslurm.site.hook_rules import hook_rules
 
-    site = load_site(site_file)
+    site = load_site(site_path(site_file))
     if rules_only:
         sys.stdout.write(json.dumps(hook_rules(site), indent=2, default=str) + "\n")
         return
@@ -75,9 +67,9 @@ def render_cmd(site_file: str, mode: str | None, rules_only: bool, chain_before:
 @click.option("--chain-after", type=click.Path(dir_okay=False), default=None,
               help="A site's existing job_submit.lua to run after hetslurm's logic.")
 @format_option
-def install_cmd(site_file: str, conf_dir: str | None, mode: str | None,
+def install_cmd(site_file: str | None, conf_dir: str | None, mode: str | None,
                 chain_before: str | None, chain_after: str | None, output_format: str) -> None:
-    """Render, validate in Lua 5.1 and atomically install job_submit.lua into --dir.
+    """Render, validate in Lua 5.1 and atomically install job_submit.lua into --conf-dir.
 
     Nothing is written when the rendered file does not load or fails a smoke job; the new
     file gets a modification time later than any load the controller may have done, so
@@ -86,7 +78,7 @@ def install_cmd(site_file: str, conf_dir: str | None, mode: str | None,
     from hetslurm.hook.install import install_hook
     from hetslurm.site import load_site
 
-    res = install_hook(load_site(site_file), _conf_dir(conf_dir), mode=mode,
+    res = install_hook(load_site(site_path(site_file)), slurm_conf_dir(conf_dir), mode=mode,
                        chain_before=_read(chain_before, "--chain-before"),
                        chain_after=_read(chain_after, "--chain-after"))
     d = res.to_dict()
@@ -101,7 +93,7 @@ def install_cmd(site_file: str, conf_dir: str | None, mode: str | None,
 @hook.command("check")
 @DIR_OPT
 @click.option("--log", "log_file", type=click.Path(dir_okay=False), default=None,
-              help="slurmctld.log [default: SlurmctldLogFile from slurm.conf in --dir].")
+              help="slurmctld.log [default: SlurmctldLogFile from slurm.conf in --conf-dir].")
 @format_option
 def check_cmd(conf_dir: str | None, log_file: str | None, output_format: str) -> None:
     """Report the installed hook (build, rules, mode, whether it loads) and the one the
@@ -114,7 +106,7 @@ def check_cmd(conf_dir: str | None, log_file: str | None, output_format: str) ->
     from hetslurm.errors import PermissionsError
     from hetslurm.hook.install import check_hook
 
-    folder = _conf_dir(conf_dir)
+    folder = slurm_conf_dir(conf_dir)
     log = log_file or _ctld_log(folder)
     res = check_hook(folder, log)
     emit([{k: v for k, v in res.items() if k != "load_errors_since"}], output_format,
@@ -149,7 +141,7 @@ def disable_cmd(conf_dir: str | None, mode: str, output_format: str) -> None:
     """
     from hetslurm.hook.install import set_installed_mode
 
-    d = set_installed_mode(_conf_dir(conf_dir), mode).to_dict()
+    d = set_installed_mode(slurm_conf_dir(conf_dir), mode).to_dict()
     emit([d], output_format, title=f"hook mode {mode}", document=d)
 
 

@@ -1,4 +1,4 @@
-"""The one output option every listing command shares: ``--format table|json|csv``.
+"""Rendering for the ``--format table|json|csv`` option (:mod:`hetslurm.cli.options`).
 
 Data goes to stdout, messages to stderr. A command returns rows (a list of flat dicts) or a
 JSON-able document; :func:`emit` renders it in the chosen format.
@@ -10,26 +10,13 @@ import csv
 import io
 import json
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
-import click
+# The option is declared with the other shared options; it is imported from here too.
+from hetslurm.cli.options import FORMATS, format_option
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-FORMATS = ("table", "json", "csv")
-
-
-def format_option(func: F) -> F:
-    """Add ``--format`` to a click command (the value arrives as ``output_format``)."""
-    return click.option(
-        "--format",
-        "output_format",
-        type=click.Choice(FORMATS),
-        default="table",
-        show_default=True,
-        help="Output as a human table, JSON (stable keys, for scripts) or CSV.",
-    )(func)
+__all__ = ["FORMATS", "emit", "format_option"]
 
 
 def emit(

@@ -11,23 +11,20 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from hetslurm.cli.output import emit, format_option
+from hetslurm.cli.options import (
+    EMPTY,
+    LIVE,
+    format_option,
+    site_option,
+    site_path,
+    state_option,
+)
+from hetslurm.cli.output import emit
 
 if TYPE_CHECKING:
     from hetslurm.placement import ClusterModel, Placement
     from hetslurm.placement.request import Request
     from hetslurm.placement.state import LiveState
-
-#: ``--state`` values that are not file names.
-LIVE, EMPTY = "live", "empty"
-
-
-def _site_option(func: Any) -> Any:
-    return click.option(
-        "--site", "site_file", type=click.Path(dir_okay=False), default=None,
-        help="Site file [default: $HETSLURM_SITE or site-configs/demo.toml].",
-    )(func)
-
 
 def _read_live() -> LiveState:
     from hetslurm.placement.state import LiveState
@@ -112,13 +109,11 @@ def _print_table(doc: dict[str, Any]) -> None:
 
 
 @click.command("place")
-@_site_option
+@site_option()
 @click.option("--request", "request_text", required=True, metavar="TEXT",
               help="The request, in the #HET grammar (docs/requests.md), e.g. "
                    "\"gpus=4 gpu-type=h100|a100 locality=nvlink\".")
-@click.option("--state", "state_spec", default=LIVE, show_default=True, metavar="live|empty|FILE",
-              help="Cluster usage: 'live' reads Slurm now (SLURM_CONF), 'empty' assumes "
-                   "nothing runs, else a file written by 'hetslurm state dump'.")
+@state_option(default="live")
 @format_option
 def place_cmd(site_file: str | None, request_text: str, state_spec: str,
               output_format: str) -> None:
@@ -134,9 +129,8 @@ def place_cmd(site_file: str | None, request_text: str, state_spec: str,
     from hetslurm.placement import ClusterModel, place
     from hetslurm.placement.request import parse_request, resolve
     from hetslurm.site import load_site
-    from hetslurm.testbed import default_site
 
-    site = load_site(site_file or default_site())
+    site = load_site(site_path(site_file))
     request = resolve(parse_request(request_text), site)
     live = _load_state(state_spec)
     model = ClusterModel.from_site(site)

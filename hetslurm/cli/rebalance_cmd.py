@@ -8,17 +8,23 @@ from typing import TYPE_CHECKING
 
 import click
 
-from hetslurm.cli.output import emit, format_option
+from hetslurm.cli.options import (
+    backend_option,
+    conf_dir_option,
+    format_option,
+    site_option,
+    site_path,
+    testbed_target_option,
+)
+from hetslurm.cli.output import emit
 from hetslurm.errors import PARTIAL_EXIT
-from hetslurm.slurm import BACKENDS
 
 if TYPE_CHECKING:
     from hetslurm.act.lock import RunLock
 
 
 @click.command("rebalance")
-@click.option("--site", "site_file", type=click.Path(dir_okay=False), default=None,
-              help="Site file with [rebalance], [stall] and [usage] [default: $HETSLURM_SITE].")
+@site_option()
 @click.option("--apply", "apply_", is_flag=True,
               help="Act (requeue, relax, notify); without it nothing changes anywhere.")
 @click.option("--store", type=click.Path(file_okay=False), default=None,
@@ -32,13 +38,9 @@ if TYPE_CHECKING:
                    "time_budget_s].")
 @click.option("--only", "only", type=click.Choice(["requeue-stalled", "relax", "drift"]),
               multiple=True, help="Run only these phases (repeatable) [default: the site's].")
-@click.option("--testbed", "testbed_dir", type=click.Path(file_okay=False), default=None,
-              help="Drift: compare with the hetslurm testbed in this folder.")
-@click.option("--conf-dir", type=click.Path(file_okay=False), default=None,
-              help="Drift: folder of the live Slurm files [default: [rebalance] conf_dir, "
-                   "else the folder of $SLURM_CONF, else /etc/slurm].")
-@click.option("--backend", type=click.Choice(BACKENDS), default="cli", show_default=True,
-              help="How to reach Slurm.")
+@testbed_target_option
+@conf_dir_option(site_key="[rebalance] conf_dir")
+@backend_option(default="cli")
 @format_option
 def rebalance(site_file: str | None, apply_: bool, store: str | None, action_log: str | None,
               lock_file: str | None, budget_s: float | None, only: tuple[str, ...],
@@ -62,9 +64,7 @@ def rebalance(site_file: str | None, apply_: bool, store: str | None, action_log
     from hetslurm.act.lock import RunLock
     from hetslurm.site.load import read_site_as_root
 
-    path = site_file or os.environ.get("HETSLURM_SITE")
-    if not path:
-        raise click.UsageError("name the site file with --site or $HETSLURM_SITE")
+    path = str(site_path(site_file))
     # Read once, and as root only from a file root alone can write: the lock path below
     # comes from it, and root truncates the file it names.
     text = read_site_as_root(path)
@@ -113,13 +113,11 @@ def _run(path: str, text: str, lock: RunLock | None, apply_: bool, store: str | 
     site = parse_site(text, path)
     pol = policy_of(site)
     env = dict(os.environ)
-    if testbed_dir:
-        from hetslurm.testbed import Testbed
-        from hetslurm.testbed.target import rollout_target
+    from hetslurm.testbed.target import choose_target
 
-        target = rollout_target(Testbed(testbed_dir), site)
-    else:
-        target = live_target(conf_dir or pol.conf_dir, pol.whole_conf, env)
+    _, target = choose_target(site, testbed_dir=testbed_dir,
+                              live=lambda: live_target(conf_dir or pol.conf_dir,
+                                                       pol.whole_conf, env))
     req = RebalanceRequest(apply=apply_, store=store, action_log=action_log,
                            budget_s=budget_s, phases=only or None)
     result = run(get_backend(backend, env=env), req, site, target=target,

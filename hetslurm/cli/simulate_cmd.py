@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from hetslurm.cli.options import site_option, site_path
 from hetslurm.cli.output import emit, format_option
 
 _ROW_KEYS = ("policy", "load", "jobs", "unfinished", "mean_wait_s", "median_wait_s",
@@ -26,8 +27,7 @@ def _default_workload() -> str:
 
 
 @click.command("simulate")
-@click.option("--site", "site_file", default=None, type=click.Path(dir_okay=False),
-              help="Site file (e.g. site-configs/case-study.toml).")
+@site_option()
 @click.option("--trace", "trace_file", default=None, type=click.Path(dir_okay=False),
               help="Trace file (see $HETSLURM_TRACES, docs/simulate.md).")
 @click.option("--trace-format", default=None,
@@ -101,18 +101,17 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
         return
     if testbed_dir is not None or sim_only:
         raise click.UsageError("--dir and --sim-only go with --validate")
-    missing = [name for name, v in (("--site", site_file), ("--trace", trace_file),
-                                    ("--trace-format", trace_format),
+    missing = [name for name, v in (("--trace", trace_file), ("--trace-format", trace_format),
                                     ("--params", params_file)) if v is None]
     if missing:
         raise click.UsageError(f"missing {', '.join(missing)} (or use --validate)")
-    assert site_file and trace_file and trace_format and params_file
+    assert trace_file and trace_format and params_file
     from hetslurm.simulate.params import load_params
     from hetslurm.simulate.run import simulate as run_simulation
     from hetslurm.simulate.traces import read_trace
     from hetslurm.site.load import load_site
 
-    site = load_site(site_file)
+    site = load_site(site_path(site_file))
     params = load_params(params_file)
     if speed_exponent != 1.0:
         params = params.with_speed_exponent(speed_exponent)

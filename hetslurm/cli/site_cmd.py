@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from hetslurm.cli.output import emit, format_option
+from hetslurm.cli.options import conf_dir_option, format_option, testbed_target_option
+from hetslurm.cli.output import emit
 from hetslurm.site import load_site
 from hetslurm.site.render import FRAGMENT_FILES, render, write_rendered
 
@@ -87,12 +88,8 @@ def render_cmd(site_file: str, out_dir: str, whole: bool) -> None:
 # ---------------------------------------------------------------- rollout (docs/levers.md)
 def _target_options(func: Any) -> Any:
     opts = [
-        click.option("--testbed", "testbed_dir", type=click.Path(file_okay=False),
-                     help="Target the hetslurm testbed in this folder (its whole slurm.conf, "
-                          "its daemons)."),
-        click.option("--conf-dir", type=click.Path(file_okay=False),
-                     help="Folder of the live files (default: the folder of $SLURM_CONF, "
-                          "else /etc/slurm)."),
+        testbed_target_option,
+        conf_dir_option(),
         click.option("--whole", is_flag=True,
                      help="The live slurm.conf is one whole rendered file, not fragments."),
         click.option("--backup-dir", type=click.Path(file_okay=False),
@@ -111,25 +108,18 @@ def _target(site_path: str | None, testbed_dir: str | None, conf_dir: str | None
             whole: bool, backup_dir: str | None, restart_cmds: tuple[str, ...]) -> Any:
     """(site or None, Target) for the options above."""
     from hetslurm.levers import SystemdDaemons, Target
+    from hetslurm.slurm.conf import slurm_conf_dir
+    from hetslurm.testbed.target import choose_target
 
-    s = load_site(site_path) if site_path else None
-    if testbed_dir:
-        from hetslurm.testbed import Testbed
-        from hetslurm.testbed.target import rollout_target
-
-        tb = Testbed(testbed_dir)
-        if s is None:
-            st = tb.load_state()
-            s = load_site(st.site) if st else None
-            if s is None:
-                raise click.ClickException(f"no testbed in {testbed_dir}")
-        return s, rollout_target(tb, s)
     env = dict(os.environ)
-    folder = Path(conf_dir) if conf_dir else (
-        Path(env["SLURM_CONF"]).parent if env.get("SLURM_CONF") else Path("/etc/slurm"))
-    daemons = (SystemdDaemons(env, restart_cmds) if restart_cmds else SystemdDaemons(env))
-    return s, Target(conf_dir=folder, daemons=daemons, whole=whole, env=env,
-                     backup_dir=Path(backup_dir) if backup_dir else None)
+
+    def live() -> Target:
+        daemons = (SystemdDaemons(env, restart_cmds) if restart_cmds else SystemdDaemons(env))
+        return Target(conf_dir=slurm_conf_dir(conf_dir, env), daemons=daemons, whole=whole,
+                      env=env, backup_dir=Path(backup_dir) if backup_dir else None)
+
+    return choose_target(load_site(site_path) if site_path else None,
+                         testbed_dir=testbed_dir, live=live)
 
 
 def _change_rows(changes: Any) -> list[dict[str, Any]]:

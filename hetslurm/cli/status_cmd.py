@@ -6,19 +6,14 @@ import os
 
 import click
 
-from hetslurm.cli.output import emit, format_option
-from hetslurm.slurm import BACKENDS, get_backend
+from hetslurm.cli.options import backend_option, format_option
+from hetslurm.cli.output import emit
+from hetslurm.slurm import get_backend
 from hetslurm.status import cluster_status
 
 
 @click.command("status")
-@click.option(
-    "--backend",
-    type=click.Choice(BACKENDS),
-    default="auto",
-    show_default=True,
-    help="How to reach Slurm (auto: pyslurm when it matches the running Slurm, else the CLIs).",
-)
+@backend_option(default="auto")
 @format_option
 def status(backend: str, output_format: str) -> None:
     """Show the live cluster by device class.

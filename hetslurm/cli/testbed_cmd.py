@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from hetslurm.cli.output import emit, format_option
+from hetslurm.cli.options import format_option, site_option, site_path_or_none
+from hetslurm.cli.output import emit
 from hetslurm.testbed import Testbed
 
 _DIR = click.option("--dir", "state_dir", type=click.Path(file_okay=False), default=None,
@@ -34,8 +35,7 @@ def testbed() -> None:
 
 
 @testbed.command("up")
-@click.option("--site", "site_file", type=click.Path(dir_okay=False), default=None,
-              help="Site file [default: $HETSLURM_SITE or site-configs/demo.toml].")
+@site_option(when_missing="demo")
 @_DIR
 def up(site_file: str | None, state_dir: str | None) -> None:
     """Start the cluster and wait until every node is idle.
@@ -45,7 +45,9 @@ def up(site_file: str | None, state_dir: str | None) -> None:
     gres or topology changed), and says which.
     """
     tb = _tb(state_dir)
-    res = tb.up(site_file)
+    # The site rule's first three places here; the fourth is this testbed's own site, which
+    # up() takes (else the shipped demo) when given None.
+    res = tb.up(site_path_or_none(site_file, testbed=None))
     detail = f" ({res.detail})" if res.detail else ""
     click.echo(f"testbed {res.action}: {res.nodes} nodes idle in {res.seconds:.1f}s{detail}",
                err=True)
@@ -74,7 +76,8 @@ def down(state_dir: str | None) -> None:
 @testbed.command("env")
 @_DIR
 def env(state_dir: str | None) -> None:
-    """Print the `export SLURM_CONF=...` line; use: eval "$(hetslurm testbed env)"."""
+    """Print the export lines (SLURM_CONF, HETSLURM_ETC, HETSLURM_TESTBED_DIR); use:
+    eval "$(hetslurm testbed env)"."""
     click.echo(_tb(state_dir).env_line())
 
 

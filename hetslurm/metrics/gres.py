@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from hetslurm.slurm.conf import slurm_conf_dir
 from hetslurm.slurm.units import expand_hostlist
 from hetslurm.textfile import read_text_file
 
@@ -28,9 +29,9 @@ class GresDevice:
 
 
 def default_gres_conf(env: Mapping[str, str] | None = None) -> Path:
-    """gres.conf beside ``$SLURM_CONF``, else Debian's ``/etc/slurm/gres.conf``."""
-    conf = (env if env is not None else os.environ).get("SLURM_CONF")
-    return Path(conf).parent / "gres.conf" if conf else Path("/etc/slurm/gres.conf")
+    """gres.conf in :func:`~hetslurm.slurm.conf.slurm_conf_dir`: beside ``$SLURM_CONF``,
+    else Debian's ``/etc/slurm/gres.conf``."""
+    return slurm_conf_dir(None, env) / "gres.conf"
 
 
 def parse_gres_conf(text: str, *, local_node: str | None = None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
 import socket
 import stat
 import time
@@ -23,10 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hetslurm import fsguard
 from hetslurm.errors import CommandError, PlacementError, TestbedError
 from hetslurm.levers.rollout import classify
 from hetslurm.process import run_command
 from hetslurm.site import Site, load_site
+from hetslurm.site.find import ETC_ENV, shipped_site
 from hetslurm.site.render import Runtime, device_files, render, write_rendered
 from hetslurm.testbed import packages, procs
 from hetslurm.testbed.procs import Proc
@@ -41,15 +44,32 @@ DAEMON_WAIT_S = 60.0
 SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux; leave room for suffixes
 
 
-def default_dir() -> Path:
-    return Path(os.environ.get("HETSLURM_TESTBED_DIR", Path.cwd() / ".testbed")).absolute()
+DIR_ENV = "HETSLURM_TESTBED_DIR"
+
+
+def default_dir(env: Mapping[str, str] | None = None) -> Path:
+    """``$HETSLURM_TESTBED_DIR``, else ``./.testbed``."""
+    env = os.environ if env is None else env
+    return Path(env.get(DIR_ENV) or Path.cwd() / ".testbed").absolute()
 
 
 def default_site() -> Path:
-    if os.environ.get("HETSLURM_SITE"):
-        return Path(os.environ["HETSLURM_SITE"])
-    here = Path(__file__).resolve().parents[2] / "site-configs" / "demo.toml"
-    return here if here.exists() else Path.cwd() / "site-configs" / "demo.toml"
+    """The site a testbed boots when the site rule finds none: the shipped demo site."""
+    return shipped_site("demo.toml")
+
+
+def running_site(env: Mapping[str, str] | None = None) -> tuple[str, Path | None]:
+    """The fourth place of the site rule (:mod:`hetslurm.site.find`): the site the testbed in
+    ``$HETSLURM_TESTBED_DIR`` (else ``./.testbed``) was brought up with, when its slurmctld
+    runs. Returns where it looked (for the error that names every place) and the file."""
+    env = os.environ if env is None else env
+    root = default_dir(env)
+    where = f"no running testbed in {root} (${DIR_ENV}{'' if env.get(DIR_ENV) else ' unset'})"
+    try:
+        tb = Testbed(root)
+    except TestbedError:  # a path too long for the testbed's sockets holds no testbed
+        return where, None
+    return where, tb.running_site()
 
 
 @dataclass
@@ -115,11 +135,35 @@ class Testbed:
         return self.root / "mysql" / "mysql.sock"
 
     def env(self) -> dict[str, str]:
-        """Environment for Slurm commands aimed at this cluster."""
-        return dict(os.environ, SLURM_CONF=str(self.conf))
+        """Environment for commands aimed at this cluster: Slurm's (``SLURM_CONF``) and
+        hetslurm's own (the config root and this testbed), so nothing reads the host's /etc."""
+        return dict(os.environ, **self.env_vars())
+
+    def env_vars(self) -> dict[str, str]:
+        """``SLURM_CONF``, ``HETSLURM_ETC`` (this testbed's etc/, its config root) and
+        ``HETSLURM_TESTBED_DIR`` (so the site rule finds this testbed's site)."""
+        return {"SLURM_CONF": str(self.conf), ETC_ENV: str(self.etc), DIR_ENV: str(self.root)}
 
     def env_line(self) -> str:
-        return f"export SLURM_CONF={self.conf}"
+        """The ``export`` lines for ``eval "$(hetslurm testbed env)"``."""
+        return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in self.env_vars().items())
+
+    def running_site(self) -> Path | None:
+        """The site file this testbed was brought up with, when its slurmctld runs.
+
+        Running as root, a state file others could have written is not believed: it would
+        choose the site a root command (``rebalance``, ``act``) reads.
+        """
+        try:
+            st_file = os.lstat(self.state_file)
+        except OSError:
+            return None
+        if os.geteuid() == 0 and fsguard.problem(st_file, (0,)) is not None:
+            return None
+        st = self.load_state()
+        if st is None or not self.running(st).get("slurmctld"):
+            return None
+        return Path(st.site)
 
     # ---- state -------------------------------------------------------------------------
     def load_state(self) -> State | None:
@@ -180,7 +224,7 @@ class Testbed:
         if installed:
             self.log(f"installed: {' '.join(installed)}")
         packages.check_binaries()
-        site_file = Path(site_path) if site_path else default_site()
+        site_file = Path(site_path) if site_path else (self.running_site() or default_site())
         site = load_site(site_file)
         st = self.load_state()
         if st is not None and st.cluster != site.name:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from hetslurm.errors import RolloutError, TestbedError
 from hetslurm.levers.live import Target, ping
 from hetslurm.process import run_command
-from hetslurm.site import Site
+from hetslurm.site import Site, load_site
 from hetslurm.testbed import procs
 from hetslurm.testbed.cluster import DAEMON_WAIT_S, State, Testbed
 
@@ -80,3 +81,23 @@ def rollout_target(tb: Testbed, site: Site) -> Target:
     return Target(conf_dir=tb.etc, daemons=TestbedDaemons(tb), whole=True,
                   runtime=tb.runtime(scratch), env=tb.env(),
                   backup_dir=tb.root / "levers-backups", prepare=prepare)
+
+
+def choose_target(site: Site | None, *, testbed_dir: str | Path | None,
+                  live: Callable[[], Target]) -> tuple[Site | None, Target]:
+    """The testbed-or-live choice of ``site diff|apply|rollback`` and ``rebalance``.
+
+    With ``testbed_dir``, the testbed there (its whole slurm.conf and its own daemons; the site
+    defaults to the one it runs); else ``live()``, a target on the folder of
+    :func:`hetslurm.slurm.conf.slurm_conf_dir` built by the caller (systemd restarts for a
+    rollout, read-only for drift).
+
+    Raises:
+        TestbedError: no testbed in ``testbed_dir``, or it is not running.
+    """
+    if testbed_dir is None:
+        return site, live()
+    tb = Testbed(testbed_dir)
+    if site is None:
+        site = load_site(_state(tb).site)
+    return site, rollout_target(tb, site)

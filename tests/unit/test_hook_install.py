@@ -219,10 +219,22 @@ def test_cli_render_install_check_disable(tmp_path: Path) -> None:
     assert res.exit_code == 1
 
 
-def test_cli_install_needs_a_dir(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("SLURM_CONF", raising=False)
-    res = CliRunner().invoke(cli, ["hook", "install", "--site", str(DEMO)])
-    assert res.exit_code == 2 and "give --dir or set SLURM_CONF" in res.output
+def test_cli_install_follows_the_conf_dir_rule(monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    # No --dir/--conf-dir: the folder of $SLURM_CONF (hetslurm.slurm.conf; without it
+    # /etc/slurm, which a unit test never writes).
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    monkeypatch.setenv("SLURM_CONF", str(conf / "slurm.conf"))
+    res = CliRunner().invoke(cli, ["hook", "install", "--site", str(DEMO), "--format", "json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["path"] == str(conf / "job_submit.lua")
+    # --conf-dir is the shared spelling; --dir stays (the docs use it).
+    other = tmp_path / "other"
+    other.mkdir()
+    res = CliRunner().invoke(cli, ["hook", "check", "--conf-dir", str(other), "--format",
+                                   "json"])
+    assert res.exit_code == 0 and json.loads(res.stdout)["installed"] is False
 
 
 def test_cli_explain(tmp_path: Path) -> None:
