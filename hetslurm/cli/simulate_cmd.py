@@ -135,7 +135,7 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
 
 def _validate(path: str, policies: tuple[str, ...], limit: int | None,
               testbed_dir: str | None, sim_only: bool, output_format: str) -> None:
-    from hetslurm.simulate.validate import validate
+    from hetslurm.lab.validate_simulate import validate
 
     def log(msg: str) -> None:
         click.echo(f"simulate --validate: {msg}", err=True)
