@@ -171,11 +171,11 @@ def bench_placement_cmd(sizes: str, no_alibaba: bool, calls: int, reference_call
 
 
 @bench.command("simulate")
-@click.option("--site", "site_file", type=click.Path(dir_okay=False),
-              default="site-configs/case-study.toml", show_default=True, help="Site file.")
-@click.option("--params", "params_file", type=click.Path(dir_okay=False),
-              default="site-configs/simulate-params.toml", show_default=True,
-              help="Simulator assumptions.")
+@click.option("--site", "site_file", type=click.Path(dir_okay=False), default=None,
+              help="Site file [default: the shipped site-configs/case-study.toml].")
+@click.option("--params", "params_file", type=click.Path(dir_okay=False), default=None,
+              help="Simulator assumptions [default: the shipped "
+                   "site-configs/simulate-params.toml].")
 @click.option("--jobs", "limit", type=click.IntRange(1), default=None,
               help="First N jobs of each trace [default: all].")
 @click.option("--load", "load_specs", multiple=True, metavar="TRACE=LOAD",
@@ -184,7 +184,7 @@ def bench_placement_cmd(sizes: str, no_alibaba: bool, calls: int, reference_call
 @click.option("--backfill", "backfills", multiple=True, type=click.Choice(["easy", "slurm"]),
               help="Backfill model to time (repeat for both) [default: easy and slurm].")
 @format_option
-def bench_simulate_cmd(site_file: str, params_file: str, limit: int | None,
+def bench_simulate_cmd(site_file: str | None, params_file: str | None, limit: int | None,
                        load_specs: tuple[str, ...], backfills: tuple[str, ...],
                        output_format: str) -> None:
     """Replay speed of `hetslurm simulate` per policy and backfill model on the Alibaba and
@@ -197,6 +197,7 @@ def bench_simulate_cmd(site_file: str, params_file: str, limit: int | None,
     """
     from hetslurm.lab.bench_simulate import bench_simulate
     from hetslurm.simulate.params import load_params
+    from hetslurm.site.examples import example
     from hetslurm.site.load import load_site
 
     loads: dict[str, list[float]] = {}
@@ -208,7 +209,8 @@ def bench_simulate_cmd(site_file: str, params_file: str, limit: int | None,
             sep = ""
         if not sep:
             raise click.BadParameter(f"{spec!r} is not TRACE=LOAD", param_hint="--load")
-    rows = bench_simulate(load_site(site_file), load_params(params_file),
+    rows = bench_simulate(load_site(site_file or example("case-study.toml")),
+                          load_params(params_file or example("simulate-params.toml")),
                           policies=("slurm-default", "hetslurm"), limit=limit,
                           loads=loads or None, backfills=backfills or ("easy", "slurm"))
     emit(rows, output_format, title="simulate benchmark", document=rows)

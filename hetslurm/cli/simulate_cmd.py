@@ -20,9 +20,10 @@ _DEFAULT_WORKLOAD = "site-configs/validate-workload.toml"
 
 
 def _default_workload() -> str:
-    """The committed workload beside the package (a checkout), else relative to the cwd."""
-    here = Path(__file__).resolve().parents[2] / _DEFAULT_WORKLOAD
-    return str(here) if here.exists() else _DEFAULT_WORKLOAD
+    """The shipped workload (the checkout's or the installed one, never the cwd's)."""
+    from hetslurm.site.examples import example
+
+    return str(example(Path(_DEFAULT_WORKLOAD).name))
 
 
 @click.command("simulate")
