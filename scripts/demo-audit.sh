@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HS=${HS:-.venv/bin/hetslurm}
-PY=${PY:-.venv/bin/python}
+PY=${PY:-.venv/bin/python}  # run with -P: the installed package, not the tree in the cwd
 SITE=${HETSLURM_SITE:-site-configs/demo.toml}
 : "${SLURM_CONF:?point SLURM_CONF at the testbed: eval \"\$($HS testbed env)\"}"
 GRES="$(dirname "$SLURM_CONF")/gres.conf"
@@ -13,7 +13,7 @@ WORK=${HETSLURM_DEMO_METRICS:-/tmp/hetslurm-demo-metrics}
 rm -rf "$WORK" && mkdir -p "$WORK"
 
 echo "== GPU metrics: fake NVML devices from $GRES (shuffled order, random UUIDs)"
-$PY -m hetslurm.metrics.demo scenario "$GRES" "$WORK/scenario.json"
+$PY -P -m hetslurm.lab.demo_nvml scenario "$GRES" "$WORK/scenario.json"
 since=$(date +%s)
 sb() { sbatch --parsable -o /dev/null "$@"; }
 busy1=$(sb -J train-busy --gres=gpu:h100:2 -w gpu1 --wrap 'sleep 30')
@@ -24,8 +24,8 @@ for _ in $(seq 30); do
     [ -z "$(squeue -h -t PD -j "$busy1,$idle1,$busy2" -o %i)" ] && break
     sleep 1
 done
-$PY -m hetslurm.metrics.demo busy "$WORK/scenario.json" "$GRES" "$busy1" 85
-$PY -m hetslurm.metrics.demo busy "$WORK/scenario.json" "$GRES" "$busy2" 60
+$PY -P -m hetslurm.lab.demo_nvml busy "$WORK/scenario.json" "$GRES" "$busy1" 85
+$PY -P -m hetslurm.lab.demo_nvml busy "$WORK/scenario.json" "$GRES" "$busy2" 60
 
 echo "== hetslurm collect (fake NVML, every GPU node of the testbed, 2 s interval)"
 $HS collect --all-nodes --nvml fake --fake-scenario "$WORK/scenario.json" \

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HS=${HS:-.venv/bin/hetslurm}
-PY=${PY:-.venv/bin/python}
+PY=${PY:-.venv/bin/python}  # run with -P: the installed package, not the tree in the cwd
 : "${SLURM_CONF:?point SLURM_CONF at the testbed: eval \"\$($HS testbed env)\"}"
 GRES="$(dirname "$SLURM_CONF")/gres.conf"
 TB=${HETSLURM_TESTBED_DIR:-$PWD/.testbed}
@@ -32,7 +32,7 @@ lock_file = "$WORK/rebalance.lock"
 EOF
 
 echo "== rebalance: a job that holds GPUs and does nothing"
-$PY -m hetslurm.metrics.demo scenario "$GRES" "$WORK/scenario.json"
+$PY -P -m hetslurm.lab.demo_nvml scenario "$GRES" "$WORK/scenario.json"
 sb() { sbatch --parsable -o /dev/null --requeue "$@"; }
 idle=$(sb -J forgot-gpus -p gpu -w gpu1 --gres=gpu:h100:2 --wrap 'sleep 600')
 busy=$(sb -J training -p gpu --gres=gpu:a100:2 --wrap 'sleep 600')
@@ -40,7 +40,7 @@ for _ in $(seq 30); do
     [ -z "$(squeue -h -t PD -j "$idle,$busy" -o %i)" ] && break
     sleep 1
 done
-$PY -m hetslurm.metrics.demo busy "$WORK/scenario.json" "$GRES" "$busy" 85
+$PY -P -m hetslurm.lab.demo_nvml busy "$WORK/scenario.json" "$GRES" "$busy" 85
 echo "submitted: idle $idle (2 x h100, 0 %), busy $busy (2 x a100, 85 %)"
 $HS collect --all-nodes --nvml fake --fake-scenario "$WORK/scenario.json" \
     --store "$WORK/store" --interval 2 --flush 5 2>/dev/null &

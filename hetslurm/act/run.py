@@ -37,7 +37,7 @@ def context_for(site: Site | None) -> Context:
     hook's ``scontrol update`` rule of ``site`` (defaults, and no downgrades, without one)."""
     if site is None:
         return Context(stall=Stall(), usage=Usage())
-    from hetslurm.audit.tables import interval_cap
+    from hetslurm.policy.idle import interval_cap
 
     hook = site.sections.get("hook")
     return Context(stall=site.sections.get("stall") or Stall(),

@@ -3,7 +3,7 @@
 Two steps, so a dry run is the first step alone:
 
 1. :func:`plan` judges every running GPU job. "Idle" is the audit's own rule
-   (:func:`hetslurm.audit.tables.idle_jobs` over the last ``window_s``): every sample of
+   (:func:`hetslurm.policy.idle.judge_windows` over the last ``window_s``): every sample of
    every GPU known and below the thresholds, with enough coverage. Unknown is never idle.
    Then the rules below pick one action per job; a requeue, hold or cancel must follow a
    logged warning by ``warning_grace_s``, so a first idle sighting only warns.
@@ -237,14 +237,14 @@ def idle_evidence(jobs: Sequence[JobInfo], samples: Any, usage: Usage, *, window
                   now: float, max_interval_s: float | None = None) -> dict[int, Evidence]:
     """Per job id, the audit's idle verdict over ``[now - window_s, now)`` and its numbers.
 
-    The verdict is :func:`hetslurm.audit.tables.judge_windows` over each job's allocated
+    The verdict is :func:`hetslurm.policy.idle.judge_windows` over each job's allocated
     devices (from Slurm): every one must be reported for ``min_coverage`` of the window.
     ``max_interval_s``: the most one sample may stand for (``[collector] interval_s``).
     """
     import numpy as np
     import pandas as pd
 
-    from hetslurm.audit.tables import (
+    from hetslurm.policy.idle import (
         interval_cap,
         judge_windows,
         prepare_jobs,

@@ -2,5 +2,6 @@
 
 :func:`hetslurm.audit.tables.audit` computes every table from two DataFrames (jobs from
 sacct, samples from the metrics store or Prometheus) and the site; :mod:`.sacct` reads
-accounting, :mod:`.report` renders tables, plots and HTML; :mod:`.bench` is the benchmark.
+accounting, :mod:`.report` renders tables, plots and HTML. The idle rule the tables apply is
+:mod:`hetslurm.policy.idle`, shared with ``act``; the benchmark is in the lab.
 """

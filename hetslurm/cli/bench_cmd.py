@@ -25,7 +25,7 @@ def bench_testbed_cmd(site_file: str, jobs: int, output_format: str) -> None:
     down until nothing is left running; sbatch submissions per second; the controller's
     own average time per submit (sdiag, REQUEST_SUBMIT_BATCH_JOB). Needs root.
     """
-    from hetslurm.testbed.bench import bench_testbed
+    from hetslurm.lab.bench_testbed import bench_testbed
 
     res = bench_testbed(site_file, jobs=jobs)
     emit([{"metric": k, "value": v} for k, v in res.items()], output_format,
@@ -57,7 +57,7 @@ def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
     import tempfile
     from pathlib import Path
 
-    from hetslurm.audit.bench import bench_real, bench_synthetic
+    from hetslurm.lab.bench_audit import bench_real, bench_synthetic
 
     def log(msg: str) -> None:
         click.echo(f"bench audit: {msg}", err=True)
@@ -103,7 +103,7 @@ def bench_hook_cmd(site_file: str, calls: int, no_testbed: bool, depths: str, jo
     corpus's worst script with the hook enforcing and switched off, on a fresh testbed in a
     temporary folder (needs root).
     """
-    from hetslurm.hook.bench import bench_hook
+    from hetslurm.lab.bench_hook import bench_hook
     from hetslurm.testbed.cluster import default_site
 
     try:
@@ -153,7 +153,7 @@ def bench_placement_cmd(sizes: str, no_alibaba: bool, calls: int, reference_call
     Alibaba node inventory (docs/placement.md, "Benchmark"). Each cluster runs in its own
     process. Reports figures; asserts nothing.
     """
-    from hetslurm.placement.bench import bench_placement
+    from hetslurm.lab.bench_placement import bench_placement
 
     try:
         size_list = tuple(int(s) for s in sizes.split(",") if s.strip())
@@ -192,7 +192,7 @@ def bench_simulate_cmd(site_file: str, params_file: str, limit: int | None,
     (docs/simulate.md). Target: the whole Philly trace with EASY backfill within 60 s per
     policy.
     """
-    from hetslurm.simulate.bench import bench_simulate
+    from hetslurm.lab.bench_simulate import bench_simulate
     from hetslurm.simulate.params import load_params
     from hetslurm.site.load import load_site
 
@@ -236,7 +236,7 @@ def bench_rebalance_cmd(jobs: int, interval_s: float, segments_per_node: int, pe
     Reports jobs, seconds (target 10), peak_rss_mb, phase_seconds and speedup against the
     per-job way (one metrics store read per job, timed on a sample and scaled).
     """
-    from hetslurm.act.bench import bench_rebalance
+    from hetslurm.lab.bench_rebalance import bench_rebalance
 
     def log(msg: str) -> None:
         click.echo(f"bench rebalance: {msg}", err=True)

@@ -89,9 +89,9 @@ def shipped_site_option(name: str, what: str) -> Callable[[F], F]:
 def shipped_default(name: str) -> Callable[[], str]:
     """A callable option default: the shipped ``site-configs/`` file ``name``, as installed
     (package data), looked up when the command runs."""
-    from hetslurm.site.find import shipped_site
+    from hetslurm.site.examples import example
 
-    return lambda: str(shipped_site(name))
+    return lambda: str(example(name))
 
 
 def _running_testbed(env: Any) -> tuple[str, Path | None]:

@@ -59,8 +59,8 @@ def _model_models(model: ClusterModel, name: str) -> tuple[str | None, str | Non
 
 def _document(model: ClusterModel, request: Request, request_text: str, p: Placement,
               live: LiveState | None) -> dict[str, Any]:
+    from hetslurm.placement.enact import slurm_args
     from hetslurm.placement.request import format_request
-    from hetslurm.placement.validate import slurm_args
 
     doc = p.to_dict()
     for node in doc["nodes"]:

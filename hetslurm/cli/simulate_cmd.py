@@ -21,9 +21,10 @@ _DEFAULT_WORKLOAD = "site-configs/validate-workload.toml"
 
 
 def _default_workload() -> str:
-    """The committed workload beside the package (a checkout), else relative to the cwd."""
-    here = Path(__file__).resolve().parents[2] / _DEFAULT_WORKLOAD
-    return str(here) if here.exists() else _DEFAULT_WORKLOAD
+    """The shipped workload (the checkout's or the installed one, never the cwd's)."""
+    from hetslurm.site.examples import example
+
+    return str(example(Path(_DEFAULT_WORKLOAD).name))
 
 
 @click.command("simulate")
@@ -134,7 +135,7 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
 
 def _validate(path: str, policies: tuple[str, ...], limit: int | None,
               testbed_dir: str | None, sim_only: bool, output_format: str) -> None:
-    from hetslurm.simulate.validate import validate
+    from hetslurm.lab.validate_simulate import validate
 
     def log(msg: str) -> None:
         click.echo(f"simulate --validate: {msg}", err=True)

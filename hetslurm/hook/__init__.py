@@ -1,4 +1,4 @@
-"""The job_submit hook: render, install, check, explain and benchmark ``job_submit.lua``.
+"""The job_submit hook: render, install, check and explain ``job_submit.lua``.
 
 The hook's logic lives in Lua (``job_submit/hethook.lua``, with the request grammar
 ``job_submit/hetreq.lua``); this package renders it with the site's rules, validates it in

@@ -22,8 +22,8 @@ from typing import Any
 from hetslurm.errors import PlacementError
 
 LUPA_HINT = (
-    "the request grammar needs the Python package lupa (Lua 5.1 flavour); "
-    "install it with `pip install lupa`"
+    "the request grammar needs the Python package lupa (Lua 5.1 flavour), a dependency of "
+    "hetslurm that is missing here: reinstall hetslurm or `pip install lupa`"
 )
 
 #: Installed name of the ``job_submit/`` folder (see pyproject.toml ``[tool.setuptools]``).

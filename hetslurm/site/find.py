@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 from hetslurm.errors import ConfigError
@@ -41,7 +40,6 @@ FROM_OPTION, FROM_ENV, FROM_ETC, FROM_TESTBED = "--site", "$HETSLURM_SITE", "con
 TestbedLookup = Callable[[Mapping[str, str]], tuple[str, Path | None]]
 
 #: The package the files of ``site-configs/`` install as (pyproject.toml).
-SHIPPED_PACKAGE = "hetslurm_site_configs"
 
 
 @dataclass(frozen=True)
@@ -103,20 +101,3 @@ def _search(given: str | Path | None, env: Mapping[str, str],
     root_note = f"${ETC_ENV}" if env.get(ETC_ENV) else f"${ETC_ENV} unset"
     return None, ("no --site given", f"${SITE_ENV} unset",
                   f"no {in_root} ({root_note})", where)
-
-
-def shipped_site(name: str) -> Path:
-    """A file of ``site-configs/`` as installed with the package (``demo.toml``,
-    ``case-study.toml``, ``simulate-params.toml``, ...), wherever the command runs from.
-
-    Raises:
-        ConfigError: the installation lacks it.
-    """
-    try:
-        path = Path(str(resources.files(SHIPPED_PACKAGE).joinpath(name)))
-    except ModuleNotFoundError as exc:
-        raise ConfigError(f"the shipped site files ({SHIPPED_PACKAGE}) are not installed; "
-                          "reinstall hetslurm") from exc
-    if not path.is_file():
-        raise ConfigError(f"no shipped site file {name!r} in {path.parent}")
-    return path

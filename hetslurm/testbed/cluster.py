@@ -29,7 +29,8 @@ from hetslurm.errors import CommandError, PlacementError, TestbedError
 from hetslurm.levers.rollout import classify
 from hetslurm.process import run_command
 from hetslurm.site import Site, load_site
-from hetslurm.site.find import ETC_ENV, shipped_site
+from hetslurm.site.examples import example
+from hetslurm.site.find import ETC_ENV
 from hetslurm.site.render import Runtime, device_files, render, write_rendered
 from hetslurm.testbed import packages, procs
 from hetslurm.testbed.procs import Proc
@@ -55,7 +56,7 @@ def default_dir(env: Mapping[str, str] | None = None) -> Path:
 
 def default_site() -> Path:
     """The site a testbed boots when the site rule finds none: the shipped demo site."""
-    return shipped_site("demo.toml")
+    return example("demo.toml")
 
 
 def running_site(env: Mapping[str, str] | None = None) -> tuple[str, Path | None]:
@@ -220,12 +221,14 @@ class Testbed:
         t0 = time.monotonic()
         if os.geteuid() != 0:
             raise TestbedError("the testbed runs its daemons as root; run as root")
+        site_file = Path(site_path) if site_path else (self.running_site() or default_site())
+        site = load_site(site_file)
+        # Before any package or daemon: the testbed is Slurm *with* the hook, never without.
+        self.check_hook(site)
         installed = packages.ensure_packages(self.log)
         if installed:
             self.log(f"installed: {' '.join(installed)}")
         packages.check_binaries()
-        site_file = Path(site_path) if site_path else (self.running_site() or default_site())
-        site = load_site(site_file)
         st = self.load_state()
         if st is not None and st.cluster != site.name:
             raise TestbedError(
@@ -294,15 +297,38 @@ class Testbed:
         self._make_devices(site, st)
         return files
 
+    def check_hook(self, site: Site) -> None:
+        """Render the site's hook and check it in Lua 5.1 as ``hook install`` does.
+
+        Raises:
+            TestbedError: it cannot be rendered or checked (lupa missing) or fails its checks.
+        """
+        from hetslurm.hook.install import validate_text
+        from hetslurm.hook.render import render_hook
+
+        try:
+            res = validate_text(render_hook(site).text, site)
+        except PlacementError as exc:
+            raise TestbedError(f"the job_submit hook cannot be checked ({exc}); the testbed "
+                               "does not boot without it") from exc
+        if not res.ok:
+            raise TestbedError(f"the rendered job_submit hook {res.error}; the testbed does "
+                               "not boot without it")
+
     def install_hook(self, site: Site) -> None:
-        """Render the site's job_submit hook into etc/ (validated first; see docs/hook.md)."""
+        """Render the site's job_submit hook into etc/ (validated first; see docs/hook.md).
+
+        Raises:
+            TestbedError: the hook cannot be rendered or checked (lupa missing): the testbed
+                is the real system with the hook, so it refuses to boot without it.
+        """
         from hetslurm.hook.install import install_hook
 
         try:
             res = install_hook(site, self.etc)
-        except PlacementError as exc:  # lupa (a dev dependency) is missing: run without it
-            self.log(f"job_submit hook not installed: {exc}")
-            return
+        except PlacementError as exc:
+            raise TestbedError(f"the job_submit hook cannot be installed ({exc}); the testbed "
+                               "does not boot without it") from exc
         if res.changed:
             self.log(f"installed job_submit.lua (build {res.build}, mode {res.mode})")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hetslurm.hook.bench import bench_testbed
+from hetslurm.lab.bench_hook import bench_testbed
 
 DEMO = Path(__file__).resolve().parents[2] / "site-configs" / "demo.toml"
 

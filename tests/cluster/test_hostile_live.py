@@ -13,7 +13,7 @@ from pathlib import Path
 from _cluster_helpers import Jobs
 from test_hook_cluster import show
 
-from hetslurm.hook import hostile
+from hetslurm.lab import hostile
 from hetslurm.process import run_command
 
 FIELD_SHOWN = {"tres_per_node": "TresPerNode", "features": "Features", "partition": "Partition"}

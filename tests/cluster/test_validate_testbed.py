@@ -10,7 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-from hetslurm.simulate.validate import POLICIES, validate
+from hetslurm.lab.validate_simulate import POLICIES, validate
 from hetslurm.testbed.procs import marked_pids
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,6 +21,7 @@ from test_audit_tables import job, sacct_doc
 from hetslurm.audit import tables as T
 from hetslurm.audit.sacct import MAX_LISTED_PROBLEMS, parse_sacct_json, split_sacct_jobs
 from hetslurm.errors import MetricsError
+from hetslurm.policy import idle as idle_rule
 from hetslurm.site.schema import Usage
 
 T0 = 1_796_000_000
@@ -67,7 +68,7 @@ def random_samples(seed: int, n: int = 4000, *, negative_times: bool = False) ->
 
 def prepared(seed: int, **kw: Any) -> Any:
     s = random_samples(seed, **kw)
-    return T.prepare_samples(s, Usage(), float(s["time"].min()), float(s["time"].max()) + 1)
+    return idle_rule.prepare_samples(s, Usage(), float(s["time"].min()), float(s["time"].max()) + 1)
 
 
 def random_jobs(s: Any) -> Any:
@@ -177,17 +178,17 @@ def test_idle_windows_are_the_pandas_reference(seed: int) -> None:
             "known": rng.random(n) < 0.9,
             "util": np.where(rng.random(n) < 0.05, np.nan, rng.random(n) * 100),
             "mem": np.where(rng.random(n) < 0.05, np.nan, rng.random(n) * 1000)}
-    assert_windows_equal(T._windows(jid, k, cols), ref_windows(jid, k, cols))
+    assert_windows_equal(idle_rule._windows(jid, k, cols), ref_windows(jid, k, cols))
     # An infinite window index (a zero-length window) takes the grouped path.
     k[0] = math.inf
-    assert_windows_equal(T._windows(jid, k, cols), ref_windows(jid, k, cols))
+    assert_windows_equal(idle_rule._windows(jid, k, cols), ref_windows(jid, k, cols))
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_idle_jobs_match_the_windows_of_the_reference(seed: int) -> None:
     s = prepared(seed)
     jobs = random_jobs(s)
-    j = T.prepare_jobs(jobs, float(s["time"].min()) - 100, float(s["time"].max()) + 100,
+    j = idle_rule.prepare_jobs(jobs, float(s["time"].min()) - 100, float(s["time"].max()) + 100,
                        now=float(s["time"].max()) + 100)
     usage = Usage(idle_window_s=600, min_coverage=0.01, idle_threshold_pct=50.0)
     out = T.idle_jobs(j, s, T.per_job(s), usage)
@@ -281,12 +282,12 @@ def test_broken_documents_say_what_is_wrong(text: str, why: str) -> None:
 def test_the_benchmark_measures_the_audit_not_the_process_that_spawned_it() -> None:
     import resource
     import subprocess
-    import sys
 
-    from hetslurm.audit.peakrss import parse_marker
+    from hetslurm.lab.child import python_module
+    from hetslurm.lab.peakrss import CLI_ENTRY, parse_marker
 
     ballast = np.ones(300 * 2**20 // 8)  # 300 MiB touched here, in the parent
-    res = subprocess.run([sys.executable, "-m", "hetslurm.audit.peakrss", "--help"],
+    res = subprocess.run(python_module("hetslurm.lab.peakrss", CLI_ENTRY, "--help"),
                          capture_output=True, text=True, timeout=120, check=True)
     own = parse_marker(res.stderr)
     assert own is not None and own < 200 * 1024, res.stderr
@@ -296,7 +297,7 @@ def test_the_benchmark_measures_the_audit_not_the_process_that_spawned_it() -> N
 
 
 def test_peak_marker_parsing() -> None:
-    from hetslurm.audit.peakrss import MARKER, parse_marker, peak_rss_kb
+    from hetslurm.lab.peakrss import MARKER, parse_marker, peak_rss_kb
 
     assert parse_marker(f"partial result: x\n{MARKER} 1234\n") == 1234
     assert parse_marker("nothing here\n") is None
@@ -353,8 +354,8 @@ def coverage_samples(seed: int) -> tuple[Any, Any, dict[int, list[tuple[str, int
     frame["node"] = frame["node"].astype("category")
     frame["status"] = frame["status"].astype("category")
     since, until = float(frame["time"].min()), float(frame["time"].max()) + 1
-    s = T.prepare_samples(frame, Usage(), since, until)
-    j = T.prepare_jobs(parse_sacct_json(sacct_doc(*docs)).jobs, since, until, now=until)
+    s = idle_rule.prepare_samples(frame, Usage(), since, until)
+    j = idle_rule.prepare_jobs(parse_sacct_json(sacct_doc(*docs)).jobs, since, until, now=until)
     return s, j, alloc
 
 
@@ -400,7 +401,7 @@ def ref_idle_windows(j: Any, s: Any, usage: Usage, cap: float,
 def test_idle_coverage_is_the_plain_python_rule(seed: int, by_allocation: bool) -> None:
     s, j, alloc = coverage_samples(seed)
     usage = Usage(idle_window_s=600)
-    _, w = T.judge_windows(j, s, usage, max_interval_s=30.0,
+    _, w = idle_rule.judge_windows(j, s, usage, max_interval_s=30.0,
                            allocated=alloc if by_allocation else None)
     got = {(int(r.job_id), int(r.k)) for r in w[w["idle"].astype(bool)].itertuples()}
     want = ref_idle_windows(j, s, usage, 30.0, alloc if by_allocation else None)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hetslurm.hook import luatimer
-from hetslurm.hook.bench import _cpu_seconds, depth_result, plugin_reference_result
+from hetslurm.lab import luatimer
+from hetslurm.lab.bench_hook import _cpu_seconds, depth_result, plugin_reference_result
 
 
 def test_the_ratio_of_means_cancels_a_slow_stretch() -> None:
@@ -66,7 +66,7 @@ def test_the_hooks_own_lua_time_per_call() -> None:
 
 def test_sdiag_total_time_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
     # The per-submission figure is the rise of total_time; the line as 22.05's sdiag prints it.
-    from hetslurm.hook import bench
+    from hetslurm.lab import bench_hook as bench
 
     class Done:
         stdout = ("Remote Procedure Call statistics by message type\n"
@@ -126,9 +126,9 @@ def test_plugin_reference_from_blocks_around_the_one_without() -> None:
 
 
 def test_cold_calls_time_each_call_after_flushing_the_caches() -> None:
-    from hetslurm.hook.bench import TYPICAL, cold_calls
     from hetslurm.hook.render import render_hook
     from hetslurm.hook.standin import HookRuntime
+    from hetslurm.lab.bench_hook import TYPICAL, cold_calls
     from hetslurm.site import load_site
 
     root = Path(__file__).resolve().parents[2]

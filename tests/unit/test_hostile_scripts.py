@@ -1,4 +1,4 @@
-"""The hostile script and comment corpus (hetslurm.hook.hostile) through the real hook in
+"""The hostile script and comment corpus (hetslurm.lab.hostile) through the real hook in
 process: every case gets exactly its outcome, and none costs the hook more than the bound.
 
 Issue 18: a 4 MB script of short lines held slurmctld's submit lock for half a second; the
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hetslurm.hook import hostile
 from hetslurm.hook.render import render_hook
 from hetslurm.hook.standin import CallResult, HookRuntime
+from hetslurm.lab import hostile
 from hetslurm.site import load_site
 
 pytest.importorskip("lupa")

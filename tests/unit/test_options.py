@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from hetslurm.cli import cli
 from hetslurm.cli.options import SITE_HELP, SharedOption, site_help
 from hetslurm.errors import ConfigError, TestbedError
+from hetslurm.site.examples import example
 from hetslurm.site.find import (
     DEFAULT_ETC,
     FROM_ENV,
@@ -33,7 +34,6 @@ from hetslurm.site.find import (
     config_root,
     find_site,
     locate_site,
-    shipped_site,
 )
 from hetslurm.slurm.conf import DEFAULT_CONF_DIR, slurm_conf_dir
 from hetslurm.testbed import Testbed, running_site
@@ -344,11 +344,11 @@ def test_shipped_sites_do_not_depend_on_the_working_directory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     for name in ("demo.toml", "case-study.toml", "simulate-params.toml"):
-        path = shipped_site(name)
+        path = example(name)
         assert path.is_absolute() and path.is_file()
         assert path.read_bytes() == (ROOT / "site-configs" / name).read_bytes()
     with pytest.raises(ConfigError):
-        shipped_site("nope.toml")
+        example("nope.toml")
     for path, opt in _site_options():
         if isinstance(opt, SharedOption) and opt.variant == "shipped":
             assert callable(opt.default)

@@ -15,9 +15,10 @@ import pytest
 from click.testing import CliRunner, Result
 
 from hetslurm.cli import cli
+from hetslurm.lab.validate_placement import compare
 from hetslurm.placement import ClusterModel, LiveState, NodeState, RunningJob, place
+from hetslurm.placement.enact import slurm_args
 from hetslurm.placement.request import Request
-from hetslurm.placement.validate import compare, slurm_args
 from hetslurm.site import load_site
 from hetslurm.slurm import GresItem, JobInfo, NodeInfo
 from hetslurm.slurm.fake import FakeSlurm

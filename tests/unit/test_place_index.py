@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from hetslurm.errors import PlacementError
-from hetslurm.placement.bench import half_loaded, synthetic_layouts, synthetic_requests
+from hetslurm.lab.bench_placement import half_loaded, synthetic_layouts, synthetic_requests
 from hetslurm.placement.model import (
     I_FITTING,
     I_LEVELS,

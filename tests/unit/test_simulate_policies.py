@@ -214,7 +214,7 @@ def test_gavel_runtimes_come_from_the_measured_table() -> None:
 @pytest.mark.skipif(not (TRACES / "sia-philly" / "philly.csv").is_file(),
                     reason=f"shared traces not found at {TRACES} (set HETSLURM_TRACES)")
 def test_bench_simulate_reports_each_trace_and_policy() -> None:
-    from hetslurm.simulate.bench import bench_simulate
+    from hetslurm.lab.bench_simulate import bench_simulate
 
     site, params = load_site(ROOT / "site-configs" / "case-study.toml"), load_params(SHIPPED)
     rows = bench_simulate(site, params, policies=POLICIES, limit=50)

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from hetslurm.cli import cli
 from hetslurm.errors import ConfigError
+from hetslurm.lab import validate_simulate as v
 from hetslurm.placement.model import ClusterModel
 from hetslurm.process import CommandResult
-from hetslurm.simulate import validate as v
 from hetslurm.simulate.params import load_params
 from hetslurm.simulate.workload import node_weights
 from hetslurm.site.load import load_site

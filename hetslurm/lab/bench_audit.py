@@ -13,18 +13,18 @@ from __future__ import annotations
 import json
 import os
 import resource
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from hetslurm.audit.peakrss import parse_marker
+from hetslurm.lab.child import python_module
+from hetslurm.lab.peakrss import CLI_ENTRY, parse_marker
+from hetslurm.lab.synthetic_site import gpu_site_toml
 from hetslurm.process import run_command
 from hetslurm.site.load import parse_site
 from hetslurm.site.model import Site
-from hetslurm.site.synthetic import gpu_site_toml
 
 T_START = 1_790_000_000.0  # a fixed month, so runs are comparable
 DAYS = 30
@@ -177,11 +177,10 @@ def bench_synthetic(jobs: int = 1_000_000, samples: int = 10_000_000, nodes: int
         log("running the audit")
         # peakrss runs the CLI and reports the audit's own peak memory (see its docstring:
         # ru_maxrss of a child would include this process's size when it was spawned).
-        argv = [sys.executable, "-m", "hetslurm.audit.peakrss", "audit", "--site",
-                str(site_file),
-                "--sacct-file", str(root / "sacct.json"), "--store", str(root / "store"),
-                "--since", str(made["since"]), "--until", str(made["until"]),
-                "--format", "json"]
+        argv = python_module(
+            "hetslurm.lab.peakrss", CLI_ENTRY, "audit", "--site", str(site_file),
+            "--sacct-file", str(root / "sacct.json"), "--store", str(root / "store"),
+            "--since", str(made["since"]), "--until", str(made["until"]), "--format", "json")
         t0 = time.perf_counter()
         res = run_command(argv, timeout=3600, env=dict(os.environ))
         seconds = time.perf_counter() - t0
@@ -209,11 +208,12 @@ def bench_real(env: Mapping[str, str], site: Site, n_jobs: int, workdir: Path,
 
     from hetslurm.audit.run import AuditRequest, run_audit
     from hetslurm.audit.sacct import parse_sacct_json
-    from hetslurm.audit.tables import per_job, prepare_samples
+    from hetslurm.audit.tables import per_job
     from hetslurm.metrics.collector import Collector, resolve_gres
     from hetslurm.metrics.fake_nvml import FakeNvml, scenario_for_devices
     from hetslurm.metrics.gres import device_minor
     from hetslurm.metrics.store import SegmentStore
+    from hetslurm.policy.idle import prepare_samples
     from hetslurm.site.schema import Usage
     from hetslurm.slurm import get_backend
 
@@ -271,7 +271,7 @@ def bench_real(env: Mapping[str, str], site: Site, n_jobs: int, workdir: Path,
         per[jid] = (alloc, float(pj["used_gpu_hours"].sum()) if len(pj) else 0.0)
     per_job_s = time.perf_counter() - t0
     bulk_pj = per_job(prepare_samples(store.read(since, until)[0], usage, since, until))
-    from hetslurm.audit.tables import prepare_jobs
+    from hetslurm.policy.idle import prepare_jobs
 
     bj = prepare_jobs(sacct_all, since, until, until).set_index("job_id")
     same = all(abs(bj.loc[j, "allocated_gpu_hours"] - per[j][0]) < 1e-9 and

@@ -296,6 +296,7 @@ def bench_placement(sizes: Sequence[int] = (1000, 10_000), *, alibaba: bool = Tr
                     calls: int = 5000, reference_calls: int = 20, batch_jobs: int = 10_000,
                     log: Log = lambda _m: None) -> dict[str, Any]:
     """Run every entry in its own interpreter and collect ``{"results": [...], ...}``."""
+    from hetslurm.lab.child import python_module
     from hetslurm.process import run_command
 
     names = [f"synthetic-{n}" for n in sizes] + (["alibaba"] if alibaba else [])
@@ -308,8 +309,8 @@ def bench_placement(sizes: Sequence[int] = (1000, 10_000), *, alibaba: bool = Tr
             log(f"alibaba: {msg}")
             skipped.append({"name": "alibaba", "reason": msg})
             continue
-        argv = [sys.executable, "-m", "hetslurm.placement.bench", name, str(calls),
-                str(reference_calls), str(batch_jobs)]
+        argv = python_module("hetslurm.lab.bench_placement", name, str(calls),
+                             str(reference_calls), str(batch_jobs))
         res = run_command(argv, timeout=1800)
         for line in res.stderr.splitlines():
             log(line)

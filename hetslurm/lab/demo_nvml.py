@@ -1,7 +1,7 @@
 """Helpers that script the fake NVML for the demo (``scripts/demo-audit.sh``).
 
-``python -m hetslurm.metrics.demo scenario GRES_CONF OUT`` writes a scenario with every GPU
-gres.conf names (minors read from the device files); ``python -m hetslurm.metrics.demo
+``python -m hetslurm.lab.demo_nvml scenario GRES_CONF OUT`` writes a scenario with every GPU
+gres.conf names (minors read from the device files); ``python -m hetslurm.lab.demo_nvml
 busy SCENARIO GRES_CONF JOBID PCT`` makes the GPUs a running job holds read PCT percent.
 """
 
@@ -43,7 +43,7 @@ def make_busy(scenario: str, gres_conf: str, job_id: int, pct: float) -> list[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m hetslurm.metrics.demo")
+    p = argparse.ArgumentParser(prog="python -m hetslurm.lab.demo_nvml")
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("scenario")
     a.add_argument("gres_conf")

@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from hetslurm.errors import CommandError
-from hetslurm.hook import hostile, luatimer
 from hetslurm.hook.install import set_installed_mode
 from hetslurm.hook.render import render_hook
 from hetslurm.hook.standin import HookRuntime
+from hetslurm.lab import hostile, luatimer
 from hetslurm.process import run_command
 from hetslurm.site import load_site
 
@@ -69,7 +69,7 @@ PLAIN_OPTIONS = [f"--gres={PLAIN_FIELDS['tres_per_node'].removeprefix('gres:')}"
 
 
 def adversarial_times(rt: HookRuntime, repeats: int = 3) -> dict[str, float]:
-    """ms per call of every case of the hostile corpus (hetslurm.hook.hostile), the median of
+    """ms per call of every case of the hostile corpus (hetslurm.lab.hostile), the median of
     ``repeats`` calls each, the slowest first."""
     clock = time.perf_counter_ns
     out: dict[str, float] = {}
@@ -291,7 +291,7 @@ def depth_result(pending: int, with_rounds: list[list[int]], without_rounds: lis
         "without_rounds_us": [round(x, 1) for x in without_means],
     }
     # slurmctld's CPU per submission, and the hook's own Lua per call inside it
-    # (hetslurm.hook.luatimer): each side's figure is the mean over its submissions.
+    # (hetslurm.lab.luatimer): each side's figure is the mean over its submissions.
     for name, a, b in (("cpu", cpu_with, cpu_without), ("lua", lua_with, lua_without)):
         if not a or not b:
             continue

@@ -40,8 +40,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from hetslurm.lab.child import python_module
+from hetslurm.lab.synthetic_site import gpu_site_toml
 from hetslurm.process import run_command
-from hetslurm.site.synthetic import gpu_site_toml
 
 NOW = 1_790_000_000.0
 WINDOW_S = 3600
@@ -270,13 +271,13 @@ def bench_rebalance(jobs: int = 10_000, nodes: int | None = None, interval_s: fl
         params = {"jobs": jobs, "nodes": nodes, "pending": pending, "interval_s": interval_s,
                   "segments_per_node": segments_per_node, "per_job_sample": per_job_sample}
         t0 = time.perf_counter()
-        gen = run_command([sys.executable, "-m", "hetslurm.act.bench", "generate", str(root),
-                           json.dumps(params)], timeout=3600, env=dict(os.environ))
+        gen = run_command(python_module("hetslurm.lab.bench_rebalance", "generate", str(root),
+                                        json.dumps(params)), timeout=3600, env=dict(os.environ))
         gen_s = time.perf_counter() - t0
         made = json.loads(gen.stdout)
         log("timing the pass and the per-job way")
-        out = run_command([sys.executable, "-m", "hetslurm.act.bench", "pass", str(root),
-                           json.dumps(params)], timeout=3600, env=dict(os.environ))
+        out = run_command(python_module("hetslurm.lab.bench_rebalance", "pass", str(root),
+                                        json.dumps(params)), timeout=3600, env=dict(os.environ))
     res = json.loads(out.stdout)
     return {"jobs": jobs, "nodes": nodes, "pending": pending, "interval_s": interval_s,
             "samples": made["samples"], "segments": made["segments"],

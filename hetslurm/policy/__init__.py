@@ -1,0 +1,5 @@
+"""Decision rules shared by the rooms that judge jobs: ``audit`` reports by them, ``act``
+acts by them, and the simulator will replay them (docs/architecture.md).
+
+:mod:`.idle`: when a sample, and a whole job, is idle.
+"""
