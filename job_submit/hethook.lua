@@ -786,7 +786,7 @@ end
 
 -- resolve(req, given, rules, gx, fx, d, loc) -> r, or nil, family, message
 -- What a parsed request means on this site, written once: Python's `resolve` runs this same
--- function (hetslurm.placement.request), so explain, place, simulate and relax read the
+-- function (hetslurm.request.language), so explain, place, simulate and relax read the
 -- meaning slurmctld enforces. req: hetreq.parse's table; given: the keys the text named; gx,
 -- fx: the job's own GPU and FPGA requests (explicit_devices; nil from Python); d: the decision,
 -- which collects notes and kept fields; loc(key): the message prefix for where a key was given

@@ -2,7 +2,7 @@
 --
 -- The same file runs in two places: inside slurmctld (the job_submit hook embeds or requires it;
 -- Slurm 22.05's job_submit_lua.so links Lua 5.1) and in Python through lupa's Lua 5.1
--- (hetslurm/placement/_lua.py). docs/requests.md documents every element.
+-- (hetslurm/request/_lua.py). docs/requests.md documents every element.
 --
 -- Rules this module keeps, because the controller runs it under its locks:
 --   * Lua 5.1 only; everything `local`; no globals read after load, none written ever;
@@ -51,7 +51,7 @@ M.LIMITS = {
   switch_wait_s = 86400,     -- one day; the site's max_switch_wait caps it further in Slurm
 }
 
--- What a request is when a key is absent (same as hetslurm.placement.request.Request).
+-- What a request is when a key is absent (same as hetslurm.request.language.Request).
 M.DEFAULTS = {
   nodes = 1,
   gpus_per_node = 0,
@@ -580,7 +580,7 @@ local function new_request()
 end
 
 -- parse(text) -> request table, or nil and a message. Never raises for any string input.
--- The table's fields are named as hetslurm.placement.request.Request's; `given` lists the
+-- The table's fields are named as hetslurm.request.language.Request's; `given` lists the
 -- keys the text named, in order, so a caller can tell a default from an explicit value.
 function M.parse(text)
   if type(text) ~= "string" then

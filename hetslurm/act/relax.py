@@ -42,7 +42,7 @@ from hetslurm.slurm.units import GresItem
 if TYPE_CHECKING:
     from hetslurm.placement.model import ClusterModel
     from hetslurm.placement.place import Placement
-    from hetslurm.placement.request import Request
+    from hetslurm.request.language import Request
     from hetslurm.site.model import Site
     from hetslurm.site.schema import Rebalance
 
@@ -308,7 +308,7 @@ def plan_relax(jobs: Sequence[JobInfo], site: Site, policy: Rebalance, model: Cl
     unjudged because ``deadline`` (on ``clock``) passed."""
     from hetslurm.errors import PlacementError
     from hetslurm.placement.place import place
-    from hetslurm.placement.request import parse_request, resolve
+    from hetslurm.request.language import parse_request, resolve
 
     now = time.time() if now is None else now
     parts = partitions or {}

@@ -23,8 +23,8 @@ from hetslurm.cli.output import emit
 
 if TYPE_CHECKING:
     from hetslurm.placement import ClusterModel, Placement
-    from hetslurm.placement.request import Request
     from hetslurm.placement.state import LiveState
+    from hetslurm.request.language import Request
 
 def _read_live() -> LiveState:
     from hetslurm.placement.state import LiveState
@@ -60,7 +60,7 @@ def _model_models(model: ClusterModel, name: str) -> tuple[str | None, str | Non
 def _document(model: ClusterModel, request: Request, request_text: str, p: Placement,
               live: LiveState | None) -> dict[str, Any]:
     from hetslurm.placement.enact import slurm_args
-    from hetslurm.placement.request import format_request
+    from hetslurm.request.language import format_request
 
     doc = p.to_dict()
     for node in doc["nodes"]:
@@ -127,7 +127,7 @@ def place_cmd(site_file: str | None, request_text: str, state_spec: str,
     Exit status 0 for any answer (read 'placeable'); a malformed request exits 5.
     """
     from hetslurm.placement import ClusterModel, place
-    from hetslurm.placement.request import parse_request, resolve
+    from hetslurm.request.language import parse_request, resolve
     from hetslurm.site import load_site
 
     site = load_site(site_path(site_file))

@@ -341,7 +341,7 @@ def _add_placement(ex: Explanation, site: Site, state: str | None,
     try:
         from hetslurm.placement.model import ClusterModel
         from hetslurm.placement.place import place
-        from hetslurm.placement.request import parse_request, resolve
+        from hetslurm.request.language import parse_request, resolve
 
         request = resolve(parse_request(text), site)
         model = ClusterModel.from_site(site)

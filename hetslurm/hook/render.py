@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from hetslurm.errors import ConfigError
-from hetslurm.placement import _lua
+from hetslurm.request import _lua
 from hetslurm.site.hook_rules import hook_policy, hook_rules, lua_literal
 from hetslurm.site.model import Site
 

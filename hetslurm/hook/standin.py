@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetslurm.placement import _lua
+from hetslurm.request import _lua
 from hetslurm.site.hook_rules import lua_literal
 
 NO_VAL8 = 254

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from hetslurm.placement.model import ClusterModel, GpuLayout, NodeLayout, StateArrays
-from hetslurm.placement.request import Locality, Request
+from hetslurm.request.language import Locality, Request
 from hetslurm.traces import traces_dir
 
 #: Targets from issue 4 at 10,000 nodes (reported beside the figures, never asserted).

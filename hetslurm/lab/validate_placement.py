@@ -20,8 +20,8 @@ from typing import Any, Protocol
 from hetslurm.placement.enact import slurm_args
 from hetslurm.placement.model import ClusterModel
 from hetslurm.placement.place import Placement, place
-from hetslurm.placement.request import Request
 from hetslurm.placement.state import BackendLike, LiveState
+from hetslurm.request.language import Request
 
 # --- what Slurm gave, against what was predicted ----------------------------------------------
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from hetslurm.placement.model import ClusterModel
 from hetslurm.placement.place import Placement
-from hetslurm.placement.request import Request
+from hetslurm.request.language import Request
 
 
 def slurm_args(model: ClusterModel, request: Request, placement: Placement,

@@ -47,7 +47,7 @@ from hetslurm.placement.model import (
     ClusterModel,
     KernelRequest,
 )
-from hetslurm.placement.request import Request
+from hetslurm.request.language import Request
 
 if TYPE_CHECKING:
     from hetslurm._core import PlacementCore

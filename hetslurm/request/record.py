@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hetslurm.placement.request import Request
+    from hetslurm.request.language import Request
 
 #: The record version this reader was written for.
 RECORD_VERSION = 1
@@ -90,7 +90,7 @@ class DecisionRecord:
 @functools.lru_cache(maxsize=4096)
 def _parse(text: str) -> Request | None:
     from hetslurm.errors import PlacementError
-    from hetslurm.placement.request import parse_request
+    from hetslurm.request.language import parse_request
 
     try:
         return parse_request(text)

@@ -19,7 +19,7 @@ from pathlib import Path
 from hetslurm.errors import ConfigError, PlacementError
 from hetslurm.placement.model import ClusterModel, KernelRequest
 from hetslurm.placement.place import ScoreWeights, compile_request, place
-from hetslurm.placement.request import Request, resolve
+from hetslurm.request.language import Request, resolve
 from hetslurm.simulate.params import Params, PolicyParams
 from hetslurm.simulate.traces import TraceError, TraceJob
 from hetslurm.site.model import Site

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from hetslurm.cli import cli
 from hetslurm.lab.validate_placement import held_gpus, run_sequence, start_load
 from hetslurm.placement import ClusterModel, LiveState
-from hetslurm.placement.request import parse_request, resolve
+from hetslurm.request.language import parse_request, resolve
 from hetslurm.site import Site
 from hetslurm.slurm import get_backend
 

@@ -179,7 +179,7 @@ def _placement_core(core: Any, model: Any) -> list[Case]:
 
 def _request(model: Any, **kw: Any) -> Any:
     from hetslurm.placement.place import _arrays, compile_request
-    from hetslurm.placement.request import Request
+    from hetslurm.request.language import Request
 
     return _arrays(compile_request(model, Request(**kw)))
 

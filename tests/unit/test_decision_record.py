@@ -10,7 +10,7 @@ from test_hook_corpus import corpus
 
 from hetslurm.hook.render import render_hook
 from hetslurm.hook.standin import HookRuntime
-from hetslurm.placement.request import format_request, parse_request
+from hetslurm.request.language import format_request, parse_request
 from hetslurm.request.record import RECORD_VERSION, DecisionRecord, find_record
 from hetslurm.site import Site, load_site
 

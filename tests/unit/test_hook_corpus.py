@@ -19,7 +19,7 @@ import pytest
 from hetslurm.errors import PlacementError
 from hetslurm.hook.render import render_hook
 from hetslurm.hook.standin import CallResult, HookRuntime
-from hetslurm.placement.request import Request, parse_request, resolve
+from hetslurm.request.language import Request, parse_request, resolve
 from hetslurm.site import Site, load_site
 
 pytest.importorskip("lupa")

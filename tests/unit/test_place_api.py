@@ -15,8 +15,8 @@ from hetslurm.placement import model as layout
 from hetslurm.placement.model import ClusterModel, NodeLayout, StateArrays
 from hetslurm.placement.place import ScoreWeights, place, place_batch
 from hetslurm.placement.reference import _ST
-from hetslurm.placement.request import Locality, Request
 from hetslurm.placement.state import SCHEMA, LiveState, NodeState, RunningJob
+from hetslurm.request.language import Locality, Request
 from hetslurm.site.load import load_site
 from hetslurm.slurm.backend import JobInfo, NodeInfo
 from hetslurm.slurm.fake import FakeSlurm

@@ -18,7 +18,7 @@ from hetslurm.cli import cli
 from hetslurm.lab.validate_placement import compare
 from hetslurm.placement import ClusterModel, LiveState, NodeState, RunningJob, place
 from hetslurm.placement.enact import slurm_args
-from hetslurm.placement.request import Request
+from hetslurm.request.language import Request
 from hetslurm.site import load_site
 from hetslurm.slurm import GresItem, JobInfo, NodeInfo
 from hetslurm.slurm.fake import FakeSlurm

@@ -18,8 +18,8 @@ import pytest
 from hetslurm.placement.model import ClusterModel
 from hetslurm.placement.place import ScoreWeights, compile_request, place
 from hetslurm.placement.reference import place_reference
-from hetslurm.placement.request import Locality, Request
 from hetslurm.placement.state import LiveState
+from hetslurm.request.language import Locality, Request
 from hetslurm.site.load import load_site, parse_site
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")

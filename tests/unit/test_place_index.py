@@ -22,7 +22,7 @@ from hetslurm.placement.model import (
 )
 from hetslurm.placement.place import _run, compile_request, place, place_batch
 from hetslurm.placement.reference import PlainCluster, place_batch_reference, place_reference
-from hetslurm.placement.request import Locality, Request
+from hetslurm.request.language import Locality, Request
 
 core = pytest.importorskip("hetslurm._core", reason="compiled core not built")
 

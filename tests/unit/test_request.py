@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetslurm.errors import PlacementError
-from hetslurm.placement import _lua
-from hetslurm.placement.request import (
+from hetslurm.request import _lua
+from hetslurm.request.language import (
     Locality,
     Request,
     format_request,

@@ -30,7 +30,7 @@ from hetslurm.hook.render import render_hook
 from hetslurm.hook.standin import HookRuntime
 from hetslurm.placement.model import ClusterModel
 from hetslurm.placement.place import place
-from hetslurm.placement.request import parse_request, resolve
+from hetslurm.request.language import parse_request, resolve
 from hetslurm.site import Site, load_site
 from hetslurm.site.model import NodeSpec
 

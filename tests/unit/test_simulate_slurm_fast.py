@@ -74,7 +74,7 @@ def test_fast_path_equals_reference_on_a_flat_site_with_multi_node_jobs() -> Non
     import random
 
     from hetslurm.placement.place import ScoreWeights, compile_request
-    from hetslurm.placement.request import Request
+    from hetslurm.request.language import Request
     from hetslurm.simulate.params import PolicyParams
     from hetslurm.simulate.workload import node_weights
 

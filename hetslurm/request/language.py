@@ -105,7 +105,7 @@ def parse_request(text: str) -> Request:
         PlacementError: the text is not a valid request (the message names the token and
             what is accepted), or lupa is missing.
     """
-    from hetslurm.placement import _lua
+    from hetslurm.request import _lua
 
     return request_from_table(_lua.parse_table(text))
 
@@ -314,7 +314,7 @@ def _site_meaning(site: Site) -> Any:
     hit = _MEANINGS.get(id(site))
     if hit is not None and hit[0] is site:
         return hit[1]
-    from hetslurm.placement import _lua
+    from hetslurm.request import _lua
     from hetslurm.site.hook_rules import hook_rules, lua_literal
 
     fn = _lua.meaning(lua_literal(hook_rules(site)))
@@ -331,7 +331,7 @@ _Resolved = tuple[tuple[str, ...] | None, tuple[str, ...] | None, tuple[str, ...
 @functools.lru_cache(maxsize=4096)
 def _resolved(fn: Any, text: str) -> _Resolved | str:
     """The Lua result for one request text as plain values, or the rejection's message."""
-    from hetslurm.placement import _lua
+    from hetslurm.request import _lua
 
     result = fn(text.encode("utf-8", "surrogatepass"))
     parts = tuple(result) if isinstance(result, tuple) else (result,)
