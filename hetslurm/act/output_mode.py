@@ -15,13 +15,11 @@ Anything else is ``unknown``, which the policy treats as "not append" (skip and 
 
 from __future__ import annotations
 
-import re
 import shlex
 from collections.abc import Callable, Mapping
 
 from hetslurm.errors import HetslurmError
-from hetslurm.process import run_command
-from hetslurm.slurm.parse import scontrol_pairs
+from hetslurm.slurm import SlurmBackend
 
 #: ``append``, ``truncate`` (the script says so), ``discarded`` (/dev/null) or ``unknown``.
 OutputProbe = Callable[[str], str]
@@ -49,35 +47,39 @@ def script_open_mode(script: str) -> str | None:
 
 
 class SlurmOutputProbe:
-    """Reads the three facts above through Slurm's CLIs (argv lists, timeouts)."""
+    """Reads the three facts above through the Slurm access layer; a fact Slurm does not
+    give (a command failed, the job is gone) counts as not known."""
 
-    def __init__(self, env: Mapping[str, str] | None = None, timeout: float = 30.0) -> None:
-        self._env = dict(env) if env is not None else None
-        self._timeout = timeout
+    def __init__(self, env: Mapping[str, str] | None = None, timeout: float = 30.0, *,
+                 backend: SlurmBackend | None = None) -> None:
+        if backend is None:
+            from hetslurm.slurm.cli_backend import CliBackend
+
+            backend = CliBackend(env, timeout=timeout)
+        self._slurm = backend
         self._file_append: bool | None = None
-
-    def _run(self, *argv: str) -> str | None:
-        try:
-            out = run_command(argv, timeout=self._timeout, env=self._env, check=False)
-        except HetslurmError:
-            return None
-        return out.stdout if out.returncode == 0 else None
 
     def job_file_append(self) -> bool:
         if self._file_append is None:
-            text = self._run("scontrol", "show", "config") or ""
-            m = re.search(r"^JobFileAppend\s*=\s*(\d+)", text, re.M)
-            self._file_append = bool(m and m.group(1) == "1")
+            try:
+                config = self._slurm.config()
+            except HetslurmError:
+                config = {}
+            self._file_append = config.get("JobFileAppend") == "1"
         return self._file_append
 
     def __call__(self, job_ref: str) -> str:
         if self.job_file_append():
             return "append"
-        shown = self._run("scontrol", "show", "job", "-o", job_ref)
-        if shown:
-            pairs = dict(scontrol_pairs(shown.splitlines()[0]))
-            if pairs.get("StdOut") == "/dev/null" and pairs.get("StdErr") == "/dev/null":
-                return "discarded"
-        script = self._run("scontrol", "write", "batch_script", job_ref, "-")
+        try:
+            files = self._slurm.job_output_files(job_ref)
+        except HetslurmError:
+            files = None
+        if files is not None and files.stdout == files.stderr == "/dev/null":
+            return "discarded"
+        try:
+            script: str | None = self._slurm.batch_script(job_ref)
+        except HetslurmError:
+            script = None
         mode = script_open_mode(script) if script else None
         return mode or "unknown"

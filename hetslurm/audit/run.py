@@ -12,7 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hetslurm.audit.sacct import JOB_COLUMNS, SacctResult, parse_sacct_json, run_sacct
+from hetslurm.audit.sacct import (
+    JOB_COLUMNS,
+    SacctResult,
+    parse_sacct_json,
+    read_accounting,
+    sacct_result,
+)
 from hetslurm.audit.tables import AuditResult, audit
 from hetslurm.errors import MetricsError
 from hetslurm.metrics.store import Progress, SegmentStore
@@ -63,7 +69,7 @@ def load_jobs(req: AuditRequest, site: Site | None, env: Mapping[str, str] | Non
         text = read_file_bytes(req.sacct_file, what="sacct JSON file", max_bytes=MAX_DATA_BYTES)
     try:
         if not req.sacct_file:
-            text = run_sacct(env, req.since, req.until)
+            return sacct_result(read_accounting(env, req.since, req.until), site), None
         return parse_sacct_json(text, site), None
     except MetricsError as exc:
         return None, str(exc)

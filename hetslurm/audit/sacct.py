@@ -1,16 +1,15 @@
-"""Jobs from ``sacct --json`` (Slurm 22.05, ``openapi/dbv0.0.38``) as one DataFrame.
+"""Jobs from ``sacct --json`` as one DataFrame.
 
 sacct keeps a job's GPU *count* (``gres/gpu``, and ``gres/gpu:<model>`` only when the job
 asked for a model by name) but never which GPU indices it had: those come from the
 collector's samples. A job that asked for "any of" several models is recorded untyped, so
 its model is taken from its node list and the site.
 
-Decoding is msgspec's: the document is first split into the raw bytes of each element of
-its ``jobs`` array (one pass in C, which also proves the whole document is JSON), then each
-record is decoded on its own into small typed structs that declare only the fields the
-audit reads (the rest of sacct's large records, steps included, is skipped in C). So a
-record of the wrong shape is skipped and counted, never fatal, and a million-job document
-never becomes a million nested dicts.
+Running sacct and decoding its records (Slurm 22.05's ``openapi/dbv0.0.38`` shape) is the
+access layer's (:mod:`hetslurm.slurm.sacct`): a document is split into raw records in one
+pass in C, and each record decoded on its own into typed structs. Here each typed record
+becomes a row, a record of the wrong shape is skipped and counted, never fatal, and a
+million-job document never becomes a million nested dicts.
 """
 
 from __future__ import annotations
@@ -19,20 +18,19 @@ import gc
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
 
-from hetslurm.errors import HetslurmError, MetricsError
-from hetslurm.process import run_command
+from hetslurm.errors import BackendError, HetslurmError, MetricsError
 from hetslurm.request.record import DecisionRecord, find_record
 from hetslurm.site.hook_rules import hook_policy
 from hetslurm.site.model import Site
 from hetslurm.site.schema import HookPolicy
-from hetslurm.slurm.parse import TESTED_JSON_PLUGINS, json_data_parser, json_plugin
+from hetslurm.slurm import get_backend
+from hetslurm.slurm.sacct import SacctDocumentError, SacctRecords, parse_sacct_document
 from hetslurm.slurm.units import NO_VAL, expand_hostlist
 
-SACCT_TIMEOUT_S = 600.0
 JOB_COLUMNS = ("job_id", "run", "name", "user", "account", "partition", "state", "submit",
                "eligible", "start", "end", "elapsed", "nodes", "gpus", "gpu_model",
                "typed", "constraints", "comment", "admin_comment", "wclass")
@@ -54,70 +52,15 @@ class SacctResult:
         return self.skipped > 0
 
 
-def run_sacct(env: Mapping[str, str] | None, since: float, until: float) -> str:
-    """``sacct --json`` for every user and every run in the range (text, unparsed)."""
-
-    def iso(t: float) -> str:
-        return datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S")  # sacct: local time
-
-    argv = ["sacct", "--json", "--allusers", "--duplicates", "-S", iso(since), "-E", iso(until)]
+def read_accounting(env: Mapping[str, str] | None, since: float, until: float) -> SacctRecords:
+    """Every user's job records in the range, from the accounting database (``env`` points
+    Slurm's commands at a cluster); :class:`MetricsError` when it cannot be read."""
     try:
-        return run_command(argv, timeout=SACCT_TIMEOUT_S, env=env).stdout
+        return get_backend("cli", env).accounting_jobs(since, until)
+    except SacctDocumentError as exc:
+        raise MetricsError(str(exc)) from exc
     except HetslurmError as exc:
         raise MetricsError(f"sacct failed: {exc}") from exc
-
-
-# The fields of a 22.05 job record the audit reads (openapi/dbv0.0.38 names); every other
-# field is skipped unread. gc=False: these hold only strings, numbers and each other, so
-# they can form no cycle and the collector need not track a million of them.
-# Integers that fit the frame's int64 columns: one out of range is a bad record, not a crash.
-_Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-
-
-class _Tres(msgspec.Struct, gc=False):
-    type: str | None = None
-    name: str | None = None
-    count: _Int64 | float | None = None
-
-
-class _TresGroup(msgspec.Struct, gc=False):
-    allocated: list[_Tres] | None = None
-
-
-class _Time(msgspec.Struct, gc=False):
-    submission: int | float | None = None
-    eligible: int | float | None = None
-    start: int | float | None = None
-    end: int | float | None = None
-    elapsed: int | float | None = None
-
-
-class _State(msgspec.Struct, gc=False):
-    current: str | None = None
-
-
-class _Comment(msgspec.Struct, gc=False):
-    administrator: str | None = None
-    job: str | None = None
-
-
-class _Job(msgspec.Struct, gc=False):
-    job_id: _Int64
-    time: _Time
-    name: str | None = None
-    user: str | None = None
-    account: str | None = None
-    partition: str | None = None
-    state: _State | None = None
-    nodes: str | None = None
-    constraints: str | None = None
-    comment: _Comment | None = None
-    tres: _TresGroup | None = None
-
-
-class _Document(msgspec.Struct):
-    jobs: list[msgspec.Raw] | None = None
-    meta: Any = None
 
 
 def split_sacct_jobs(text: str | bytes) -> list[msgspec.Raw]:
@@ -126,38 +69,20 @@ def split_sacct_jobs(text: str | bytes) -> list[msgspec.Raw]:
     Raises :class:`MetricsError` with one clear sentence when the document is not a JSON
     object with a ``jobs`` array: empty, garbage, truncated, or not JSON at all.
     """
-    head = text[:4096].lstrip()
-    if head[:1] not in ("{", b"{"):
-        raise MetricsError("sacct output is not a JSON object (does this sacct speak "
-                           "--json? it needs Slurm 21.08 or later)")
+    return _records(text).raws
+
+
+def _records(text: str | bytes) -> SacctRecords:
     try:
-        doc = msgspec.json.decode(text, type=_Document)
-    except msgspec.ValidationError as exc:
-        raise MetricsError(f"sacct output has no 'jobs' array ({exc})") from exc
-    except RecursionError as exc:
-        raise MetricsError("sacct output is nested too deeply to read") from exc
-    except msgspec.DecodeError as exc:
-        if "truncated" in str(exc):
-            raise MetricsError("sacct output ends in the middle of the document") from exc
-        raise MetricsError(f"sacct output is not valid JSON: {exc}") from exc
-    if doc.jobs is None:
-        raise MetricsError("sacct output has no 'jobs' array")
-    meta = {"meta": doc.meta}
-    for name in (json_plugin(meta), json_data_parser(meta)):
-        # A newer Slurm's records differ in shape and meaning (states as lists, times as
-        # objects): refused whole rather than misread record by record.
-        if name is not None and name not in TESTED_JSON_PLUGINS:
-            raise MetricsError(f"sacct output is schema {name[:80]!r}, which hetslurm does "
-                               f"not read (it reads {', '.join(sorted(TESTED_JSON_PLUGINS))}"
-                               ": Slurm 22.05)")
-    return doc.jobs
+        return parse_sacct_document(text)
+    except SacctDocumentError as exc:
+        raise MetricsError(str(exc)) from exc
 
 
 def iter_sacct_jobs(text: str | bytes) -> Iterator[Any]:
     """Yield each element of the top-level ``jobs`` array of a sacct JSON document (as
     plain Python objects); the whole document is checked before the first is yielded."""
-    for raw in split_sacct_jobs(text):
-        yield msgspec.json.decode(raw)
+    yield from _records(text).plain()
 
 
 class ModelResolver:
@@ -201,14 +126,18 @@ def parse_sacct_json(text: str | bytes, site: Site | None = None) -> SacctResult
     Raises :class:`MetricsError` when the document as a whole is unusable (see
     :func:`split_sacct_jobs`).
     """
-    raws = split_sacct_jobs(text)
+    return sacct_result(_records(text), site)
+
+
+def sacct_result(records: SacctRecords, site: Site | None = None) -> SacctResult:
+    """Typed sacct records into :class:`SacctResult` (bad records skipped and counted)."""
     # A million small objects would set off the cyclic collector every 700 allocations,
     # each time scanning everything built so far; none of them can be part of a cycle.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
         res = SacctResult(jobs=None)
-        res.jobs = _decode_jobs(raws, site, res)
+        res.jobs = _decode_jobs(records, site, res)
         return res
     finally:
         if was_enabled:
@@ -281,16 +210,16 @@ class _Columns:
         return frame
 
 
-def _decode_jobs(raws: list[msgspec.Raw], site: Site | None, res: SacctResult) -> Any:
+def _decode_jobs(records: SacctRecords, site: Site | None, res: SacctResult) -> Any:
     """Each record decoded and cut into the jobs DataFrame."""
-    decode = msgspec.json.Decoder(_Job).decode
+    decode = records.decode
     resolver = ModelResolver(site)
     policy = hook_policy(site) if site is not None else HookPolicy()
     class_of: dict[tuple[str, str], str] = {}
     cols = _Columns()
     rows: list[tuple[Any, ...]] = []
     n = 0
-    for raw in raws:
+    for raw in records.raws:
         n += 1
         try:
             rec = decode(raw)
@@ -323,7 +252,7 @@ def _decode_jobs(raws: list[msgspec.Raw], site: Site | None, res: SacctResult) -
             if wc is None:
                 wc = class_of[ckey] = job_class(site, partition,
                                                 find_record(rec_text, policy.record_key))
-        except (msgspec.MsgspecError, ArithmeticError, AttributeError, KeyError, TypeError,
+        except (BackendError, ArithmeticError, AttributeError, KeyError, TypeError,
                 ValueError, RecursionError) as exc:
             res.skipped += 1
             if len(res.problems) < MAX_LISTED_PROBLEMS:

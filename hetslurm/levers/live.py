@@ -63,7 +63,7 @@ class SystemdDaemons:
         self.restart_commands = [shlex.split(c) for c in restart_commands]
 
     def reconfigure(self) -> None:
-        run_command(["scontrol", "reconfigure"], timeout=120, env=self.env)
+        get_backend("cli", self.env).reconfigure()
 
     def restart(self, nodes: Sequence[str]) -> None:
         for argv in self.restart_commands:
@@ -119,8 +119,8 @@ class ApplyResult:
 
 
 # ---------------------------------------------------------------- diff
-def _sacctmgr(site: Site, target: Target) -> qos_mod.Sacctmgr:
-    return qos_mod.Sacctmgr(target.env, site.name)
+def _accounting(site: Site, target: Target) -> qos_mod.QosAccounting:
+    return qos_mod.QosAccounting(target.env, site.name)
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def _qos_live(site: Site, target: Target) -> _LiveQos:
     if not site_levers.qos_records(site):
         return _LiveQos({}, {}, Plan())
     live = get_backend("cli", target.env).qos()
-    assoc = _sacctmgr(site, target).association_qos()
+    assoc = _accounting(site, target).association_qos()
     return _LiveQos({q.name: qos_mod.live_state(q) for q in live}, assoc,
                     qos_mod.plan(site, live, assoc))
 
@@ -147,13 +147,8 @@ def diff(site: Site, target: Target) -> Plan:
 
 # ---------------------------------------------------------------- health
 def node_states(env: Mapping[str, str] | None) -> dict[str, str]:
-    res = run_command(["sinfo", "-h", "-N", "-o", "%N %T"], timeout=30, env=env)
-    out = {}
-    for line in res.stdout.splitlines():
-        parts = line.split()
-        if len(parts) == 2:
-            out[parts[0]] = parts[1].lower()
-    return out
+    """Each node's state word, lower case (``idle``, ``drained``, ``down*``...)."""
+    return get_backend("cli", env).node_states()
 
 
 def _bad(state: str | None) -> bool:
@@ -166,11 +161,7 @@ def _bad(state: str | None) -> bool:
 
 def ping(env: Mapping[str, str] | None) -> str | None:
     """None when slurmctld answers, else why not (one line)."""
-    res = run_command(["scontrol", "ping"], timeout=20, env=env, check=False)
-    if res.returncode == 0 and "is UP" in res.stdout:
-        return None
-    text = (res.stderr or res.stdout).strip().splitlines()
-    return text[-1] if text else f"scontrol ping exited {res.returncode}"
+    return get_backend("cli", env).ping()
 
 
 def check_health(env: Mapping[str, str] | None, nodes: Sequence[str],
@@ -266,7 +257,7 @@ def _restore_files(target: Target, backup: Path) -> dict[str, str | None]:
 
 def _restore_qos(target: Target, backup: Path, cluster: str) -> None:
     manifest = json.loads((backup / MANIFEST).read_text())
-    mgr = qos_mod.Sacctmgr(target.env, cluster)
+    mgr = qos_mod.QosAccounting(target.env, cluster)
     for q, kind, name, account in manifest.get("grants", []):
         mgr.grant(qos_mod.Grant(q, kind, name, account), revoke=True)
     if not manifest.get("qos"):
@@ -334,7 +325,7 @@ def apply(site: Site, target: Target, *, dry_run: bool = False,
                 if name not in new and old.get(name) is not None:
                     (target.conf_dir / name).unlink(missing_ok=True)
             _bring_to(target, files_plan, nodes, baseline, health_timeout)
-        mgr = _sacctmgr(site, target)
+        mgr = _accounting(site, target)
         descriptions = site_levers.qos_records(site)
         for name, want in wanted.items():
             mgr.add_or_modify(name, want, have_qos.get(name), descriptions[name].description)

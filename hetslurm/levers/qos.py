@@ -1,9 +1,9 @@
-"""QOS records the site asks for, compared with slurmdbd's and synced through sacctmgr.
+"""QOS records the site asks for, compared with slurmdbd's and synced through the access
+layer (sacctmgr: :meth:`hetslurm.slurm.SlurmBackend.add_qos` and friends).
 
 Only the QOS named in ``[levers.qos]`` are touched, and only the fields hetslurm manages
 (priority, usage factor, per-user and per-job TRES limits, jobs per user, wall time); other
-QOS and other fields stay as the admin left them. Every sacctmgr call goes through
-:func:`hetslurm.process.run_command` with a timeout.
+QOS and other fields stay as the admin left them.
 """
 
 from __future__ import annotations
@@ -12,13 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hetslurm.levers.rollout import Change, Plan
-from hetslurm.process import run_command
+from hetslurm.levers.rollout import QOS_ACTION, Change, Plan
 from hetslurm.site import Site
 from hetslurm.site import levers as site_levers
-from hetslurm.slurm import QosInfo, units
-
-SACCTMGR_TIMEOUT_S = 60.0
+from hetslurm.slurm import QosInfo, SlurmBackend, units
 
 #: Managed fields: name in hetslurm -> sacctmgr keyword.
 FIELDS = {
@@ -138,13 +135,13 @@ def plan(site: Site, live: Sequence[QosInfo], assoc_qos: Assoc) -> Plan:
 
     Args:
         assoc_qos: ``(kind, name, account) -> QOS the association may use`` from
-            :meth:`Sacctmgr.association_qos` (kind ``user`` or ``account``).
+            :meth:`QosAccounting.association_qos` (kind ``user`` or ``account``).
     """
     have = {q.name: live_state(q) for q in live}
     changes = []
     for name, want in wanted(site).items():
         if name not in have:
-            changes.append(Change("qos", f"qos {name}", None, _describe(want), "sacctmgr",
+            changes.append(Change("qos", f"qos {name}", None, _describe(want), QOS_ACTION,
                                   "sacctmgr add qos"))
             continue
         fields = differing(want, have[name])
@@ -153,11 +150,11 @@ def plan(site: Site, live: Sequence[QosInfo], assoc_qos: Assoc) -> Plan:
                 "qos", f"qos {name}",
                 " ".join(f"{FIELDS[f]}={_show(f, getattr(have[name], f))}" for f in fields),
                 " ".join(f"{FIELDS[f]}={_show(f, getattr(want, f))}" for f in fields),
-                "sacctmgr", "sacctmgr modify qos"))
+                QOS_ACTION, "sacctmgr modify qos"))
     for g in missing_grants(site, assoc_qos):
         where = f" in account {g.account}" if g.account else ""
         changes.append(Change("qos", f"qos {g.qos} for {g.kind} {g.name}{where}", None,
-                              f"qos+={g.qos}", "sacctmgr", f"sacctmgr modify {g.kind}"))
+                              f"qos+={g.qos}", QOS_ACTION, f"sacctmgr modify {g.kind}"))
     return Plan(tuple(changes))
 
 
@@ -172,67 +169,61 @@ def _tres_arg(want: Mapping[str, int] | None, have: Mapping[str, int] | None) ->
 
 def set_args(want: QosState, have: QosState | None) -> list[str]:
     """``Key=Value`` arguments that turn ``have`` (None: a new QOS) into ``want``."""
-    args = []
+    return [f"{k}={v}" for k, v in settings(want, have).items()]
+
+
+def settings(want: QosState, have: QosState | None) -> dict[str, str]:
+    """sacctmgr keyword -> value that turn ``have`` (None: a new QOS) into ``want``."""
+    args: dict[str, str] = {}
     for f in FIELDS if have is None else differing(want, have):
         value = getattr(want, f)
         if f in ("max_tres_per_user", "max_tres_per_job"):
             arg = _tres_arg(value, getattr(have, f) if have else None)
             if arg:
-                args.append(f"{FIELDS[f]}={arg}")
+                args[FIELDS[f]] = arg
         elif value is None:
             if have is not None:
-                args.append(f"{FIELDS[f]}=-1")
+                args[FIELDS[f]] = "-1"
         elif f == "max_wall":
-            args.append(f"{FIELDS[f]}={units.format_time(value)}")
+            args[FIELDS[f]] = units.format_time(value)
         else:
-            args.append(f"{FIELDS[f]}={value}")
+            args[FIELDS[f]] = str(value)
     return args
 
 
-class Sacctmgr:
-    """sacctmgr against one cluster's slurmdbd (``env`` carries ``SLURM_CONF``)."""
+class QosAccounting:
+    """One cluster's QOS records and grants in slurmdbd, through the access layer (``env``
+    carries ``SLURM_CONF``; ``backend`` replaces the CLI backend, e.g. with a fake)."""
 
-    def __init__(self, env: Mapping[str, str] | None, cluster: str) -> None:
-        self.env = env
+    def __init__(self, env: Mapping[str, str] | None, cluster: str,
+                 backend: SlurmBackend | None = None) -> None:
+        if backend is None:
+            from hetslurm.slurm.cli_backend import SACCTMGR_TIMEOUT_S, CliBackend
+
+            backend = CliBackend(env, timeout=SACCTMGR_TIMEOUT_S)
+        self.slurm = backend
         self.cluster = cluster
-
-    def run(self, *args: str) -> str:
-        return run_command(["sacctmgr", "-i", "-n", "-P", *args], timeout=SACCTMGR_TIMEOUT_S,
-                           env=self.env).stdout
 
     def association_qos(self) -> dict[tuple[str, str, str], set[str]]:
         """QOS each association of the cluster may use, keyed ``(kind, name, account)``."""
         out: dict[tuple[str, str, str], set[str]] = {}
-        text = run_command(["sacctmgr", "-n", "-P", "show", "assoc", f"cluster={self.cluster}",
-                            "format=account,user,qos"], timeout=SACCTMGR_TIMEOUT_S,
-                           env=self.env).stdout
-        for line in text.splitlines():
-            parts = line.split("|")
-            if len(parts) < 3:
-                continue
-            account, user, qos = parts[0], parts[1], {q for q in parts[2].split(",") if q}
-            if user:
-                out[("user", user, account)] = qos
+        for a in self.slurm.associations(self.cluster):
+            if a.user:
+                out[("user", a.user, a.account)] = set(a.qos)
             else:
-                out[("account", account, "")] = qos
+                out[("account", a.account, "")] = set(a.qos)
         return out
 
     def add_or_modify(self, name: str, want: QosState, have: QosState | None,
                       description: str = "") -> None:
         if have is None:
-            desc = [f"Description={description}"] if description else []
-            self.run("add", "qos", name, *set_args(want, None), *desc)
+            self.slurm.add_qos(name, settings(want, None), description=description)
         else:
-            args = set_args(want, have)
-            if args:
-                self.run("modify", "qos", "where", f"name={name}", "set", *args)
+            self.slurm.modify_qos(name, settings(want, have))
 
     def delete(self, name: str) -> None:
-        self.run("delete", "qos", "where", f"name={name}")
+        self.slurm.delete_qos(name)
 
     def grant(self, g: Grant, revoke: bool = False) -> None:
-        op = "-=" if revoke else "+="
-        where = [f"name={g.name}", f"cluster={self.cluster}"]
-        if g.account:
-            where.append(f"account={g.account}")
-        self.run("modify", g.kind, "where", *where, "set", f"qos{op}{g.qos}")
+        self.slurm.grant_qos(g.qos, g.kind, g.name, self.cluster, account=g.account,
+                             revoke=revoke)

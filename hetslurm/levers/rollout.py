@@ -15,8 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+# "sacctmgr" is the label of a QOS change (written to the accounting database, no daemon
+# involved): output a user reads (docs/cli.md), not a command hetslurm runs here.
 Action = Literal["reconfigure", "restart", "sacctmgr"]
-ACTION_RANK = {"sacctmgr": 0, "reconfigure": 1, "restart": 2}
+QOS_ACTION: Action = "sacctmgr"
+ACTION_RANK: dict[Action, int] = {QOS_ACTION: 0, "reconfigure": 1, "restart": 2}
 
 #: Global keys ``scontrol reconfigure`` applies (slurm.conf(5) 22.05 names no restart for
 #: them; PriorityFlags/TRESBillingWeights/PriorityWeight* measured on the testbed).
@@ -77,7 +80,7 @@ class Plan:
     @property
     def files(self) -> tuple[str, ...]:
         """Files with a change (QOS changes name no file)."""
-        return tuple(sorted({c.file for c in self.changes if c.action != "sacctmgr"}))
+        return tuple(sorted({c.file for c in self.changes if c.action != QOS_ACTION}))
 
     def __add__(self, other: Plan) -> Plan:
         return Plan((*self.changes, *other.changes))

@@ -13,10 +13,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from hetslurm.errors import BackendError
 from hetslurm.slurm.units import UNLIMITED, GresItem, Limit, Unlimited
+
+if TYPE_CHECKING:
+    from hetslurm.slurm.sacct import SacctRecords
 
 #: A GRES kind: ``("gpu", "a100")``; the type is None for untyped GRES (``gpu:2``).
 GresKey = tuple[str, str | None]
@@ -24,6 +27,10 @@ GresKey = tuple[str, str | None]
 
 class NotFoundError(BackendError):
     """The named node, job, partition or QOS does not exist (or no longer does)."""
+
+
+class NotSupportedError(BackendError):
+    """The chosen backend cannot do this (the CLI backend can do everything)."""
 
 
 # Base node states in Slurm 22.05 (one per node) and the flags that may be added to them.
@@ -261,6 +268,25 @@ class Switches:
     max_wait_s: int | None = None
 
 
+@dataclass(frozen=True)
+class OutputFiles(_ToDict):
+    """Where a job's stdout and stderr go (``scontrol show job``'s ``StdOut=``/``StdErr=``);
+    None where Slurm did not say, or said it ambiguously."""
+
+    stdout: str | None = None
+    stderr: str | None = None
+
+
+@dataclass(frozen=True)
+class Association(_ToDict):
+    """One accounting association: an account's (``user`` None) or a user's in an account,
+    with the QOS it may use."""
+
+    account: str
+    user: str | None = None
+    qos: frozenset[str] = frozenset()
+
+
 class NodeStateChange(enum.Enum):
     """The node state changes hetslurm makes (``scontrol update nodename=... state=``)."""
 
@@ -361,11 +387,112 @@ class SlurmBackend(abc.ABC):
     def update_node(self, name: str, state: NodeStateChange, reason: str | None = None) -> None:
         """Drain, resume or down a node; Slurm requires ``reason`` for DRAIN and DOWN."""
 
+    # ---------------------------------------------------------------- optional
+    # Reached only by some rooms (levers, act, audit, the testbed); a backend that cannot do
+    # one says so with NotSupportedError instead of guessing.
+    def _unsupported(self, what: str) -> NotSupportedError:
+        return NotSupportedError(f"{what} is not supported by the '{self.name}' backend; "
+                                 "use --backend cli")
+
+    def config(self) -> dict[str, str]:
+        """The controller's running configuration, key -> value as Slurm prints it."""
+        raise self._unsupported("reading the controller's configuration")
+
+    def ping(self) -> str | None:
+        """None when slurmctld answers, else why not (one line)."""
+        raise self._unsupported("pinging the controller")
+
+    def reconfigure(self) -> None:
+        """Make slurmctld and every slurmd re-read their configuration files."""
+        raise self._unsupported("reconfigure")
+
+    def node_states(self) -> dict[str, str]:
+        """Each node's state word as sinfo prints it: lower case, ``+`` between flags
+        (``mixed+drain``... spelled by sinfo as ``draining``), ``*`` when not responding."""
+        raise self._unsupported("reading node states")
+
+    def active_job_ids(self) -> list[int]:
+        """Ids of the jobs not yet finished (pending, running, suspended, completing)."""
+        raise self._unsupported("listing active jobs")
+
+    def cancel_jobs(self, job_ids: Sequence[JobRef]) -> None:
+        """Cancel several jobs in one call (jobs already gone are not an error)."""
+        raise self._unsupported("cancelling jobs")
+
+    def batch_script(self, job_id: JobRef) -> str:
+        """The batch script a job was submitted with; :class:`NotFoundError` if gone."""
+        raise self._unsupported("reading a job's batch script")
+
+    def job_output_files(self, job_id: JobRef) -> OutputFiles:
+        """Where a job's stdout and stderr go; :class:`NotFoundError` if gone."""
+        raise self._unsupported("reading a job's output files")
+
+    def accounting_jobs(self, since: float, until: float) -> SacctRecords:
+        """Every user's job records (one per run: requeues repeat a job) in the accounting
+        database between two epoch times, each decoded on demand."""
+        raise self._unsupported("reading accounting")
+
+    def clusters(self) -> list[str]:
+        """Clusters registered in the accounting database (slurmdbd must answer)."""
+        raise self._unsupported("reading accounting clusters")
+
+    def accounts(self) -> list[str]:
+        """Accounts in the accounting database."""
+        raise self._unsupported("reading accounts")
+
+    def associations(self, cluster: str) -> list[Association]:
+        """Every association of ``cluster`` with the QOS it may use."""
+        raise self._unsupported("reading associations")
+
+    def add_cluster(self, name: str, *, exist_ok: bool = False) -> None:
+        """Register a cluster in the accounting database."""
+        raise self._unsupported("adding a cluster")
+
+    def add_account(self, name: str, cluster: str, *, description: str = "",
+                    organization: str = "", exist_ok: bool = False) -> None:
+        """Add an account on ``cluster``."""
+        raise self._unsupported("adding an account")
+
+    def add_user(self, name: str, account: str, cluster: str, *,
+                 exist_ok: bool = False) -> None:
+        """Add a user's association with ``account`` on ``cluster``."""
+        raise self._unsupported("adding a user")
+
+    def set_user_qos(self, name: str, qos: Sequence[str], default_qos: str) -> None:
+        """Set the QOS a user may use (every association of it) and its default QOS."""
+        raise self._unsupported("setting a user's QOS")
+
+    def add_qos(self, name: str, settings: Mapping[str, str], *, description: str = "",
+                exist_ok: bool = False) -> None:
+        """Add a QOS; ``settings`` are sacctmgr keywords (``{"Priority": "10"}``)."""
+        raise self._unsupported("adding a QOS")
+
+    def modify_qos(self, name: str, settings: Mapping[str, str]) -> None:
+        """Change fields of a QOS (a value of ``-1`` clears a limit)."""
+        raise self._unsupported("modifying a QOS")
+
+    def delete_qos(self, name: str) -> None:
+        """Remove a QOS from the accounting database."""
+        raise self._unsupported("deleting a QOS")
+
+    def grant_qos(self, qos: str, kind: str, name: str, cluster: str, *, account: str = "",
+                  revoke: bool = False) -> None:
+        """Let an association use ``qos`` (``qos+=``), or stop it (``revoke``: ``qos-=``).
+
+        ``kind`` is ``user`` or ``account``; ``account`` narrows a user's grant to one of its
+        associations."""
+        raise self._unsupported("granting a QOS")
+
     # ---------------------------------------------------------------- shared checks
     @staticmethod
     def _check_state_change(state: NodeStateChange, reason: str | None) -> None:
         if state in (NodeStateChange.DRAIN, NodeStateChange.DOWN) and not reason:
             raise ValueError(f"Slurm requires a reason to set a node {state.value}")
+
+    @staticmethod
+    def _check_grant(kind: str) -> None:
+        if kind not in ("user", "account"):
+            raise ValueError(f"a QOS is granted to a 'user' or an 'account', not {kind!r}")
 
     @staticmethod
     def _check_update(**given: object) -> dict[str, object]:

@@ -3,34 +3,57 @@
 Listings come from ``sinfo --json`` and ``squeue --json`` (schema ``openapi/v0.0.38``),
 which in 22.05 ignore filter options such as ``-n``/``-j`` and always print everything;
 single objects come from ``scontrol show node|job -d -o``, which names the GRES device
-indices per node. QOS come from ``sacctmgr show qos -P``. Parsing lives in :mod:`.parse`.
+indices per node. QOS and associations come from ``sacctmgr``, accounting records from
+``sacct --json``. Parsing lives in :mod:`.parse` and :mod:`.sacct`. This module and those
+are the only places in hetslurm that name Slurm's programs (docs/slurm-access.md lists
+which method runs which).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 
 from hetslurm.errors import BackendError, CommandError, CommandFailure
 from hetslurm.process import CommandResult, run_command
 from hetslurm.slurm import parse, units
 from hetslurm.slurm.backend import (
+    Association,
     JobInfo,
     JobRef,
     NodeInfo,
     NodeStateChange,
     NotFoundError,
+    OutputFiles,
     PartitionInfo,
     QosInfo,
     SlurmBackend,
     Switches,
 )
+from hetslurm.slurm.sacct import SacctRecords, parse_sacct_document
 from hetslurm.slurm.units import GresItem
 
 #: Seconds any one Slurm command may take before its process group is killed.
 DEFAULT_TIMEOUT_S = 30.0
+#: Commands that may take longer than one read: a reconfigure re-reads every node's
+#: configuration, sacct may page through months of records, slurmdbd may be busy writing.
+RECONFIGURE_TIMEOUT_S = 120.0
+ACCOUNTING_TIMEOUT_S = 600.0
+SACCTMGR_TIMEOUT_S = 60.0
+#: What sacctmgr says (exit status 1) when what it was asked to add exists already.
+_EXISTS_MARKERS = ("Nothing new added", "already exists")
+#: Every program this backend runs (``missing_commands`` checks them).
+COMMANDS = ("sinfo", "squeue", "scontrol", "scancel", "sbatch", "sacct", "sacctmgr")
+
+
+def missing_commands(env: Mapping[str, str] | None = None) -> list[str]:
+    """The Slurm client programs of :data:`COMMANDS` not on ``PATH`` (``env``'s, if given)."""
+    path = (env or os.environ).get("PATH")
+    return [c for c in COMMANDS if shutil.which(c, path=path) is None]
 
 # What scontrol/squeue print on stderr when the object is gone (exit status 1).
 _NOT_FOUND_MARKERS = ("Invalid job id", "Invalid node name", "not found", "Invalid partition")
@@ -57,8 +80,10 @@ class CliBackend(SlurmBackend):
     def env(self) -> Mapping[str, str]:
         return dict(self._env)
 
-    def _run(self, *argv: str, input: str | None = None) -> CommandResult:
-        return run_command(argv, timeout=self.timeout, env=self._env, input=input)
+    def _run(self, *argv: str, input: str | None = None,
+             timeout: float | None = None) -> CommandResult:
+        return run_command(argv, timeout=max(self.timeout, timeout or 0.0), env=self._env,
+                           input=input)
 
     def _run_object(self, what: str, *argv: str) -> CommandResult:
         out = run_command(argv, timeout=self.timeout, env=self._env, check=False)
@@ -232,6 +257,128 @@ class CliBackend(SlurmBackend):
         if reason:
             argv.append(f"Reason={reason}")
         self._run_object(f"node '{name}'", *argv)
+
+
+    # ---------------------------------------------------------------- controller
+    def config(self) -> dict[str, str]:
+        return parse.parse_scontrol_config(self._run("scontrol", "show", "config").stdout)
+
+    def ping(self) -> str | None:
+        res = run_command(("scontrol", "ping"), timeout=min(self.timeout, 20.0),
+                          env=self._env, check=False)
+        if res.returncode == 0 and "is UP" in res.stdout:
+            return None
+        text = (res.stderr or res.stdout).strip().splitlines()
+        return text[-1] if text else f"scontrol ping exited {res.returncode}"
+
+    def reconfigure(self) -> None:
+        self._run("scontrol", "reconfigure", timeout=RECONFIGURE_TIMEOUT_S)
+
+    def node_states(self) -> dict[str, str]:
+        return parse.parse_sinfo_node_states(self._run("sinfo", "-h", "-N", "-o", "%N %T").stdout)
+
+    def active_job_ids(self) -> list[int]:
+        # squeue's default states are the unfinished ones; %A is the unique id (array tasks
+        # and het components each have their own).
+        return parse.parse_squeue_ids(self._run("squeue", "-h", "-o", "%A").stdout)
+
+    def cancel_jobs(self, job_ids: Sequence[JobRef]) -> None:
+        if job_ids:
+            # scancel exits non-zero when a job already ended; the others are still cancelled.
+            run_command(("scancel", *map(str, job_ids)), timeout=max(self.timeout, 60.0),
+                        env=self._env, check=False)
+
+    def batch_script(self, job_id: JobRef) -> str:
+        # "-" writes the script to stdout instead of a file in the working directory.
+        return self._run_object(f"job {job_id}", "scontrol", "write", "batch_script",
+                                str(job_id), "-").stdout
+
+    def job_output_files(self, job_id: JobRef) -> OutputFiles:
+        out = self._run_object(f"job {job_id}", "scontrol", "show", "job", "-o", str(job_id))
+        return parse.parse_job_output_files(out.stdout)
+
+    # ---------------------------------------------------------------- accounting
+    def accounting_jobs(self, since: float, until: float) -> SacctRecords:
+        def iso(t: float) -> str:
+            return datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S")  # sacct: local time
+
+        # --duplicates: a requeued job keeps one record per start, not only its last.
+        out = self._run("sacct", "--json", "--allusers", "--duplicates", "-S", iso(since),
+                        "-E", iso(until), timeout=ACCOUNTING_TIMEOUT_S)
+        return parse_sacct_document(out.stdout)
+
+    def _sacctmgr_show(self, *args: str) -> str:
+        return self._run("sacctmgr", "-n", "-P", "show", *args).stdout
+
+    def _sacctmgr_change(self, *args: str, exist_ok: bool = False) -> None:
+        # -i: commit without asking (sacctmgr otherwise waits for "y" on stdin).
+        argv = ("sacctmgr", "-i", "-n", "-P", *args)
+        res = run_command(argv, timeout=max(self.timeout, SACCTMGR_TIMEOUT_S), env=self._env,
+                          check=False)
+        said = f"{res.stdout}\n{res.stderr}"
+        if res.returncode == 0 or (exist_ok and any(m in said for m in _EXISTS_MARKERS)):
+            return
+        detail = said.strip().splitlines()[-1] if said.strip() else "no output"
+        raise CommandError(
+            f"'{' '.join(argv)}' failed with exit status {res.returncode}: {detail}",
+            CommandFailure(argv=res.argv, returncode=res.returncode, stderr=res.stderr),
+        )
+
+    def clusters(self) -> list[str]:
+        return parse.parse_sacctmgr_column(self._sacctmgr_show("cluster", "format=cluster"))
+
+    def accounts(self) -> list[str]:
+        return parse.parse_sacctmgr_column(self._sacctmgr_show("account", "format=account"))
+
+    def associations(self, cluster: str) -> list[Association]:
+        return parse.parse_sacctmgr_associations(
+            self._sacctmgr_show("assoc", f"cluster={cluster}", "format=account,user,qos"))
+
+    def add_cluster(self, name: str, *, exist_ok: bool = False) -> None:
+        self._sacctmgr_change("add", "cluster", name, exist_ok=exist_ok)
+
+    def add_account(self, name: str, cluster: str, *, description: str = "",
+                    organization: str = "", exist_ok: bool = False) -> None:
+        extra = [f"Description={description}"] if description else []
+        extra += [f"Organization={organization}"] if organization else []
+        self._sacctmgr_change("add", "account", name, f"Cluster={cluster}", *extra,
+                              exist_ok=exist_ok)
+
+    def add_user(self, name: str, account: str, cluster: str, *,
+                 exist_ok: bool = False) -> None:
+        self._sacctmgr_change("add", "user", name, f"Account={account}", f"Cluster={cluster}",
+                              exist_ok=exist_ok)
+
+    def set_user_qos(self, name: str, qos: Sequence[str], default_qos: str) -> None:
+        self._sacctmgr_change("modify", "user", name, "set", f"QOS={','.join(qos)}",
+                              f"DefaultQOS={default_qos}")
+
+    def add_qos(self, name: str, settings: Mapping[str, str], *, description: str = "",
+                exist_ok: bool = False) -> None:
+        desc = [f"Description={description}"] if description else []
+        self._sacctmgr_change("add", "qos", name, *_settings(settings), *desc,
+                              exist_ok=exist_ok)
+
+    def modify_qos(self, name: str, settings: Mapping[str, str]) -> None:
+        if settings:
+            self._sacctmgr_change("modify", "qos", "where", f"name={name}", "set",
+                                  *_settings(settings))
+
+    def delete_qos(self, name: str) -> None:
+        self._sacctmgr_change("delete", "qos", "where", f"name={name}")
+
+    def grant_qos(self, qos: str, kind: str, name: str, cluster: str, *, account: str = "",
+                  revoke: bool = False) -> None:
+        self._check_grant(kind)
+        where = [f"name={name}", f"cluster={cluster}"]
+        if account:
+            where.append(f"account={account}")
+        self._sacctmgr_change("modify", kind, "where", *where, "set",
+                              f"qos{'-=' if revoke else '+='}{qos}")
+
+
+def _settings(settings: Mapping[str, str]) -> list[str]:
+    return [f"{k}={v}" for k, v in settings.items()]
 
 
 def _with_allocation(job: JobInfo, detail: JobInfo) -> JobInfo:

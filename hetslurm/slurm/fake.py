@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import shlex
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,18 +21,25 @@ from pathlib import Path
 from hetslurm.errors import BackendError
 from hetslurm.slurm import parse, units
 from hetslurm.slurm.backend import (
+    Association,
     GresKey,
     JobInfo,
     JobRef,
     NodeInfo,
     NodeStateChange,
     NotFoundError,
+    OutputFiles,
     PartitionInfo,
     QosInfo,
     SlurmBackend,
     Switches,
 )
+from hetslurm.slurm.sacct import SacctRecords, parse_sacct_document
 from hetslurm.slurm.units import GresItem
+
+#: Job states squeue lists by default (the unfinished ones).
+_ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING",
+                            "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT"})
 
 
 class FakeSlurm(SlurmBackend):
@@ -48,6 +55,10 @@ class FakeSlurm(SlurmBackend):
         qos: Iterable[QosInfo] = (),
         *,
         first_job_id: int = 1,
+        config: Mapping[str, str] | None = None,
+        accounting: SacctRecords | None = None,
+        associations: Iterable[Association] = (),
+        cluster: str = "fake",
     ) -> None:
         self._nodes: dict[str, NodeInfo] = {n.name: n for n in nodes}
         self._jobs: dict[int, JobInfo] = {j.job_id: j for j in jobs}
@@ -60,6 +71,20 @@ class FakeSlurm(SlurmBackend):
         self._ids = itertools.count(start)
         #: Scripts submitted, by job id (for tests that check what was sent).
         self.scripts: dict[int, str] = {}
+        #: ``--output``/``--error`` of submitted jobs, by job id.
+        self.outputs: dict[int, OutputFiles] = {}
+        #: The controller's configuration as ``scontrol show config`` would print it.
+        self.config_values: dict[str, str] = dict(config or {})
+        #: False: the controller does not answer (``ping`` says so, like scontrol ping).
+        self.controller_up = True
+        #: How many times ``reconfigure`` was called.
+        self.reconfigures = 0
+        self._accounting = accounting or SacctRecords([])
+        #: The accounting database: clusters, accounts, associations (QOS are ``_qos``).
+        self.cluster_names: list[str] = [cluster]
+        self.account_names: list[str] = sorted({a.account for a in associations})
+        self._assoc: dict[tuple[str, str | None], Association] = {
+            (a.account, a.user): a for a in associations}
 
     # ---------------------------------------------------------------- reading
     def nodes(self) -> list[NodeInfo]:
@@ -95,6 +120,7 @@ class FakeSlurm(SlurmBackend):
         opts = _sbatch_options(text, args)
         job_id = next(self._ids)
         self.scripts[job_id] = text
+        self.outputs[job_id] = OutputFiles(opts.get("output"), opts.get("error"))
         held = "hold" in opts
         self._jobs[job_id] = JobInfo(
             job_id=job_id,
@@ -308,6 +334,147 @@ class FakeSlurm(SlurmBackend):
         if state in (NodeStateChange.RESUME, NodeStateChange.UNDRAIN):
             self.schedule()
 
+    # ---------------------------------------------------------------- controller
+    def config(self) -> dict[str, str]:
+        return dict(self.config_values)
+
+    def ping(self) -> str | None:
+        return None if self.controller_up else "Slurmctld(primary) at fake is DOWN"
+
+    def reconfigure(self) -> None:
+        self.reconfigures += 1
+
+    def node_states(self) -> dict[str, str]:
+        return {n.name: n.state_label + ("*" if "NOT_RESPONDING" in n.state else "")
+                for n in self._nodes.values()}
+
+    def active_job_ids(self) -> list[int]:
+        return [j.job_id for j in self._jobs.values() if j.state in _ACTIVE_STATES]
+
+    def cancel_jobs(self, job_ids: Sequence[JobRef]) -> None:
+        for ref in job_ids:
+            try:
+                jid = self._resolve(ref)
+            except NotFoundError:
+                continue  # scancel too: a job already gone is not an error
+            if self._jobs[jid].state in _ACTIVE_STATES:
+                self.cancel(jid)
+
+    def batch_script(self, job_id: JobRef) -> str:
+        jid = self._resolve(job_id)
+        if jid not in self.scripts:
+            raise NotFoundError(f"job {job_id}: no batch script (not a batch job)")
+        return self.scripts[jid]
+
+    def job_output_files(self, job_id: JobRef) -> OutputFiles:
+        return self.outputs.get(self._resolve(job_id), OutputFiles())
+
+    # ---------------------------------------------------------------- accounting
+    def accounting_jobs(self, since: float, until: float) -> SacctRecords:
+        """Every record the fake was given (it does not filter by time)."""
+        return self._accounting
+
+    def clusters(self) -> list[str]:
+        return list(self.cluster_names)
+
+    def accounts(self) -> list[str]:
+        return list(self.account_names)
+
+    def associations(self, cluster: str) -> list[Association]:
+        return list(self._assoc.values()) if cluster in self.cluster_names else []
+
+    def add_cluster(self, name: str, *, exist_ok: bool = False) -> None:
+        self._add(self.cluster_names, name, "cluster", exist_ok)
+
+    def add_account(self, name: str, cluster: str, *, description: str = "",
+                    organization: str = "", exist_ok: bool = False) -> None:
+        self._add(self.account_names, name, "account", exist_ok)
+        self._assoc.setdefault((name, None), Association(name))
+
+    def add_user(self, name: str, account: str, cluster: str, *,
+                 exist_ok: bool = False) -> None:
+        if (account, name) in self._assoc and not exist_ok:
+            raise BackendError(f"user {name} in account {account} already exists")
+        if account not in self.account_names:
+            raise NotFoundError(f"account '{account}' not found")
+        self._assoc.setdefault((account, name), Association(account, name))
+
+    def set_user_qos(self, name: str, qos: Sequence[str], default_qos: str) -> None:
+        for key, a in list(self._assoc.items()):
+            if a.user == name:
+                self._assoc[key] = replace(a, qos=frozenset(qos))
+
+    def add_qos(self, name: str, settings: Mapping[str, str], *, description: str = "",
+                exist_ok: bool = False) -> None:
+        if any(q.name == name for q in self._qos):
+            if exist_ok:
+                return
+            raise BackendError(f"qos {name} already exists")
+        self._qos.append(_qos_with(QosInfo(name), settings))
+
+    def modify_qos(self, name: str, settings: Mapping[str, str]) -> None:
+        i = self._qos_index(name)
+        self._qos[i] = _qos_with(self._qos[i], settings)
+
+    def delete_qos(self, name: str) -> None:
+        del self._qos[self._qos_index(name)]
+
+    def grant_qos(self, qos: str, kind: str, name: str, cluster: str, *, account: str = "",
+                  revoke: bool = False) -> None:
+        self._check_grant(kind)
+        for key, a in list(self._assoc.items()):
+            who = a.user if kind == "user" else (a.account if a.user is None else None)
+            if who != name or (account and a.account != account):
+                continue
+            self._assoc[key] = replace(a, qos=a.qos - {qos} if revoke else a.qos | {qos})
+
+    def _qos_index(self, name: str) -> int:
+        for i, q in enumerate(self._qos):
+            if q.name == name:
+                return i
+        raise NotFoundError(f"qos '{name}' not found")
+
+    @staticmethod
+    def _add(names: list[str], name: str, what: str, exist_ok: bool) -> None:
+        if name in names:
+            if not exist_ok:
+                raise BackendError(f"{what} {name} already exists")
+            return
+        names.append(name)
+
+
+def _qos_with(q: QosInfo, settings: Mapping[str, str]) -> QosInfo:
+    """``q`` with sacctmgr's ``Key=Value`` settings applied (the keys levers writes; ``-1``
+    clears a limit, as in sacctmgr)."""
+    def tres(old: Mapping[str, int], text: str) -> dict[str, int]:
+        out = dict(old)
+        for part in text.split(","):
+            k, _, v = part.partition("=")
+            if v.strip() == "-1":
+                out.pop(k.strip(), None)
+            else:
+                out.update(units.parse_tres(part))
+        return out
+
+    for key, value in settings.items():
+        k = key.lower()
+        if k == "priority":
+            q = replace(q, priority=int(value))
+        elif k == "usagefactor":
+            q = replace(q, usage_factor=float(value))
+        elif k == "maxjobsperuser":
+            q = replace(q, max_jobs_per_user=None if value == "-1" else int(value))
+        elif k == "maxwall":
+            wall = None if value == "-1" else units.time_seconds(value)
+            q = replace(q, max_wall=wall)
+        elif k == "maxtresperuser":
+            q = replace(q, max_tres_per_user=tres(q.max_tres_per_user, value))
+        elif k == "maxtresperjob":
+            q = replace(q, max_tres_per_job=tres(q.max_tres_per_job, value))
+        else:
+            raise BackendError(f"the fake does not model QOS setting {key!r}")
+    return q
+
 
 def _features_match(expr: str, active: Sequence[str]) -> bool:
     # Only the "a|b" and "a&b" forms hetslurm writes; brackets and counts are not modelled.
@@ -329,6 +496,8 @@ def _sbatch_options(script: str, args: Sequence[str]) -> dict[str, str]:
         "-C": "constraint",
         "-w": "nodelist",
         "-H": "hold",
+        "-o": "output",
+        "-e": "error",
     }
     out: dict[str, str] = {}
     it = iter(words)
@@ -347,8 +516,9 @@ def load_recorded(directory: str | Path) -> FakeSlurm:
     """A :class:`FakeSlurm` holding a recorded cluster snapshot.
 
     Reads ``sinfo.json`` (nodes), ``squeue.json`` plus ``scontrol_show_job_d_o.txt``
-    (jobs, with per-node device indices from scontrol), ``scontrol_show_partition_o.txt``
-    and ``sacctmgr_show_qos_P.txt``; a missing file gives an empty list.
+    (jobs, with per-node device indices from scontrol), ``scontrol_show_partition_o.txt``,
+    ``sacctmgr_show_qos_P.txt`` and ``sacct.json`` (accounting); a missing file gives an
+    empty list.
     """
     d = Path(directory)
 
@@ -369,9 +539,11 @@ def load_recorded(directory: str | Path) -> FakeSlurm:
         ]
     part = text("scontrol_show_partition_o.txt")
     qos = text("sacctmgr_show_qos_P.txt")
+    sacct = text("sacct.json")
     return FakeSlurm(
         nodes=nodes,
         jobs=jobs,
         partitions=parse.parse_scontrol_partitions(part) if part else [],
         qos=parse.parse_sacctmgr_qos(qos) if qos else [],
+        accounting=parse_sacct_document(sacct) if sacct else None,
     )

@@ -19,7 +19,15 @@ from typing import Any, NoReturn, TypeVar
 
 from hetslurm.errors import BackendError
 from hetslurm.slurm import units
-from hetslurm.slurm.backend import JobInfo, NodeInfo, PartitionInfo, QosInfo, Switches
+from hetslurm.slurm.backend import (
+    Association,
+    JobInfo,
+    NodeInfo,
+    OutputFiles,
+    PartitionInfo,
+    QosInfo,
+    Switches,
+)
 from hetslurm.slurm.units import GresItem
 
 #: JSON plugin versions these parsers were checked against.
@@ -676,3 +684,75 @@ def parse_slurm_version(text: str) -> tuple[int, int, int]:
     if not m:
         raise BackendError(f"cannot read a Slurm version from {text!r}")
     return int(m.group(1)), int(m.group(2)), int(m.group(3))
+
+
+# ------------------------------------------------------------------- small listings
+def parse_scontrol_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` (``Key = value`` lines) to a dict.
+
+    Values may hold ``=`` (``SchedulerParameters = bf_max_job_test=100``), so a line splits at
+    its first ``=``. Later sections (cgroup, MPI plugins) repeat no main key; where a key
+    repeats, the first (the main configuration's) wins.
+    """
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if sep and key and " " not in key:
+            out.setdefault(key, value.strip())
+    return out
+
+
+def parse_sinfo_node_states(text: str) -> dict[str, str]:
+    """``sinfo -h -N -o "%N %T"`` to node -> state word (lower case; ``*`` kept).
+
+    ``-N`` prints a node once per partition it is in; the state is the same on each line.
+    """
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            out[parts[0]] = parts[1].lower()
+    return out
+
+
+def parse_squeue_ids(text: str) -> list[int]:
+    """``squeue -h -o %A`` (one unique job id per line) to ids, in squeue's order."""
+    return [int(w) for w in text.split() if w.isdigit()]
+
+
+def parse_job_output_files(text: str) -> OutputFiles:
+    """``StdOut=``/``StdErr=`` of the first job line of ``scontrol show job -o``.
+
+    scontrol prints job names and comments unescaped, so free text can hold ``StdOut=``: a
+    key printed more than once is ambiguous and read as unknown (None).
+    """
+    records = scontrol_records(text)
+    if not records:
+        return OutputFiles()
+
+    def once(key: str) -> str | None:
+        values = [v for k, v in records[0] if k == key]
+        return values[0] if len(values) == 1 else None
+
+    return OutputFiles(stdout=once("StdOut"), stderr=once("StdErr"))
+
+
+def parse_sacctmgr_column(text: str) -> list[str]:
+    """One column of ``sacctmgr -n -P show ... format=X`` (blank lines dropped)."""
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def parse_sacctmgr_associations(text: str) -> list[Association]:
+    """``sacctmgr -n -P show assoc format=account,user,qos`` to associations.
+
+    An account's own association has an empty user column.
+    """
+    out = []
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < 3:
+            continue
+        out.append(Association(account=parts[0], user=parts[1] or None,
+                               qos=frozenset(q for q in parts[2].split(",") if q)))
+    return out

@@ -32,6 +32,7 @@ from hetslurm.site import Site, load_site
 from hetslurm.site.examples import example
 from hetslurm.site.find import ETC_ENV
 from hetslurm.site.render import Runtime, device_files, render, write_rendered
+from hetslurm.slurm.cli_backend import CliBackend
 from hetslurm.testbed import packages, procs
 from hetslurm.testbed.procs import Proc
 
@@ -43,6 +44,15 @@ QOS_LEVELS = {"high": 1000, "normal": 0, "low": 0}
 NODE_WAIT_S = 120.0
 DAEMON_WAIT_S = 60.0
 SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux; leave room for suffixes
+
+# The Slurm daemons the testbed starts, stops and records by name: its daemon start-up is
+# the one place outside hetslurm/slurm/ that names Slurm programs (everything it asks a
+# running Slurm goes through the access layer; tests/unit/test_slurm_binaries.py).
+SLURMCTLD = "slurmctld"
+SLURMD = "slurmd"
+SLURMDBD = "slurmdbd"
+#: Forked by slurmctld (and slurmstepd by slurmd); ours when they carry the testbed's mark.
+SLURMSCRIPTD = "slurmscriptd"
 
 
 DIR_ENV = "HETSLURM_TESTBED_DIR"
@@ -145,6 +155,10 @@ class Testbed:
         ``HETSLURM_TESTBED_DIR`` (so the site rule finds this testbed's site)."""
         return {"SLURM_CONF": str(self.conf), ETC_ENV: str(self.etc), DIR_ENV: str(self.root)}
 
+    def slurm(self) -> CliBackend:
+        """The access layer aimed at this cluster (its SLURM_CONF)."""
+        return CliBackend(self.env())
+
     def env_line(self) -> str:
         """The ``export`` lines for ``eval "$(hetslurm testbed env)"``."""
         return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in self.env_vars().items())
@@ -186,12 +200,12 @@ class Testbed:
             state_dir=str(self.root),
             slurmctld_host="localhost",
             slurmctld_addr="127.0.0.1",
-            slurmctld_port=st.ports["slurmctld"],
-            slurmd_port=st.ports["slurmd"],
+            slurmctld_port=st.ports[SLURMCTLD],
+            slurmd_port=st.ports[SLURMD],
             node_ports=st.node_ports,
             node_addr="127.0.0.1",
             slurmdbd_host="127.0.0.1",
-            slurmdbd_port=st.ports["slurmdbd"],
+            slurmdbd_port=st.ports[SLURMDBD],
             munge_socket=str(self.munge_sock),
             device_dir=str(self.root / "dev"),
             slurm_user="root",
@@ -234,7 +248,7 @@ class Testbed:
             raise TestbedError(
                 f"{self.root} holds cluster '{st.cluster}', the site is '{site.name}': bring it "
                 "down and use another --dir")
-        if st is not None and self.running(st).get("slurmctld"):
+        if st is not None and self.running(st).get(SLURMCTLD):
             return self._update_running(site, str(site_file.absolute()), st, t0)
         if st is None:
             st = self._new_state(site, str(site_file.absolute()))
@@ -246,7 +260,7 @@ class Testbed:
         return UpResult("started", time.monotonic() - t0, nodes)
 
     def _new_state(self, site: Site, site_file: str) -> State:
-        names = ["slurmctld", "slurmd", "slurmdbd", "mariadb"]
+        names = [SLURMCTLD, SLURMD, SLURMDBD, "mariadb"]
         ports = dict(zip(names, free_ports(len(names)), strict=True))
         st = State(site=site_file, cluster=site.name, ports=ports, node_ports={},
                    db_password=secrets.token_hex(16))
@@ -278,7 +292,7 @@ class Testbed:
             f"AuthInfo=socket={self.munge_sock}",
             "DbdHost=localhost",
             "DbdAddr=127.0.0.1",
-            f"DbdPort={st.ports['slurmdbd']}",
+            f"DbdPort={st.ports[SLURMDBD]}",
             "SlurmUser=root",
             f"PidFile={self.root}/run/slurmdbd.pid",
             f"LogFile={self.root}/log/slurmdbd.log",
@@ -427,68 +441,66 @@ class Testbed:
 
     def _start_dbd(self, st: State) -> None:
         self.log("starting slurmdbd")
-        self._start(st, "slurmdbd", ["slurmdbd", "-D"], "slurmdbd.out")
-        wait_for(lambda: self._sacctmgr_ok(), DAEMON_WAIT_S, "slurmdbd",
+        self._start(st, SLURMDBD, [SLURMDBD, "-D"], "slurmdbd.out")
+        wait_for(lambda: self._sacctmgr_ok(), DAEMON_WAIT_S, SLURMDBD,
                  self.root / "log" / "slurmdbd.log")
 
     def _sacctmgr_ok(self) -> bool:
-        res = run_command(["sacctmgr", "-n", "-P", "show", "cluster"], timeout=20,
-                          env=self.env(), check=False)
-        return res.returncode == 0
-
-    def sacctmgr(self, *args: str, check: bool = True) -> str:
-        res = run_command(["sacctmgr", "-i", "-n", "-P", *args], timeout=60, env=self.env(),
-                          check=False)
-        if check and res.returncode != 0 and "Nothing new added" not in res.stdout + res.stderr \
-                and "already exists" not in res.stdout + res.stderr:
-            raise TestbedError(f"sacctmgr {' '.join(args)} failed: "
-                               f"{(res.stderr or res.stdout).strip()}")
-        return res.stdout
+        try:
+            CliBackend(self.env(), timeout=20).clusters()
+        except CommandError:
+            return False
+        return True
 
     def _register(self, site: Site) -> None:
         """Cluster, account, user and QOS records; each step skips what exists."""
         self.log("registering cluster, account, users and QOS in slurmdbd")
-        if site.name not in self.sacctmgr("show", "cluster", "format=cluster").split():
-            self.sacctmgr("add", "cluster", site.name)
-        have_qos = self.sacctmgr("show", "qos", "format=name").split()
-        for qos, prio in QOS_LEVELS.items():
-            if qos not in have_qos:
-                self.sacctmgr("add", "qos", qos, f"Priority={prio}")
-        if ACCOUNT not in self.sacctmgr("show", "account", "format=account").split():
-            self.sacctmgr("add", "account", ACCOUNT, f"Cluster={site.name}",
-                          "Description=hetslurm testbed", "Organization=hetslurm")
-        users = self.sacctmgr("show", "assoc", f"cluster={site.name}", "format=user").split()
-        if "root" not in users:
-            self.sacctmgr("add", "user", "root", f"Account={ACCOUNT}", f"Cluster={site.name}")
-        self.sacctmgr("modify", "user", "root", "set", f"QOS={','.join(QOS_LEVELS)}",
-                      "DefaultQOS=normal")
+        slurm = self.slurm()
+        try:
+            if site.name not in slurm.clusters():
+                slurm.add_cluster(site.name, exist_ok=True)
+            have_qos = {q.name for q in slurm.qos()}
+            for qos, prio in QOS_LEVELS.items():
+                if qos not in have_qos:
+                    slurm.add_qos(qos, {"Priority": str(prio)}, exist_ok=True)
+            if ACCOUNT not in slurm.accounts():
+                slurm.add_account(ACCOUNT, site.name, description="hetslurm testbed",
+                                  organization="hetslurm", exist_ok=True)
+            if "root" not in {a.user for a in slurm.associations(site.name)}:
+                slurm.add_user("root", ACCOUNT, site.name, exist_ok=True)
+            slurm.set_user_qos("root", list(QOS_LEVELS), "normal")
+        except CommandError as exc:
+            raise TestbedError(f"registering in slurmdbd failed: {exc}") from exc
 
     def _start_ctld(self, st: State) -> None:
         self.log("starting slurmctld")
-        self._start(st, "slurmctld", ["slurmctld", "-D", "-f", str(self.conf)],
-                    "slurmctld.out", self.ctld_env)
-        wait_for(lambda: self._ctld_up(), DAEMON_WAIT_S, "slurmctld",
+        self.spawn_ctld(st, self.ctld_env)
+        wait_for(lambda: self._ctld_up(), DAEMON_WAIT_S, SLURMCTLD,
                  self.root / "log" / "slurmctld.log")
 
     def _ctld_up(self) -> bool:
-        res = run_command(["scontrol", "ping"], timeout=20, env=self.env(), check=False)
-        return res.returncode == 0 and "is UP" in res.stdout
+        return self.slurm().ping() is None
+
+    def spawn_ctld(self, st: State, extra_env: Mapping[str, str] | None = None) -> None:
+        """Start slurmctld in the foreground of its own process group (no wait)."""
+        self._start(st, SLURMCTLD, [SLURMCTLD, "-D", "-f", str(self.conf)], "slurmctld.out",
+                    extra_env)
+
+    def ctld_proc(self, st: State) -> Proc | None:
+        return st.proc(SLURMCTLD)
+
+    def spawn_slurmd(self, st: State, node: str) -> None:
+        """Start the slurmd of one site node (``-N``: many on one host, each its own port)."""
+        self._start(st, f"{SLURMD}:{node}", [SLURMD, "-D", "-f", str(self.conf), "-N", node],
+                    f"slurmd-{node}.out")
 
     def _start_slurmds(self, site: Site, st: State) -> None:
         self.log(f"starting {len(site.nodes)} slurmd")
         for node in site.nodes:
-            self._start(st, f"slurmd:{node.name}",
-                        ["slurmd", "-D", "-f", str(self.conf), "-N", node.name],
-                        f"slurmd-{node.name}.out")
+            self.spawn_slurmd(st, node.name)
 
     def node_states(self) -> dict[str, str]:
-        res = run_command(["sinfo", "-h", "-N", "-o", "%N %T"], timeout=30, env=self.env())
-        out: dict[str, str] = {}
-        for line in res.stdout.splitlines():
-            parts = line.split()
-            if len(parts) == 2:
-                out[parts[0]] = parts[1]
-        return out
+        return self.slurm().node_states()
 
     def wait_nodes_idle(self, site: Site, timeout: float = NODE_WAIT_S) -> int:
         want = {n.name for n in site.nodes}
@@ -526,7 +538,7 @@ class Testbed:
         self.save_state(st)
         if not plan.needs_restart:
             self._write_config(site, st)
-            run_command(["scontrol", "reconfigure"], timeout=60, env=self.env())
+            self.slurm().reconfigure()
             n = self.wait_nodes_idle(site)
             return UpResult("reconfigured", time.monotonic() - t0, n,
                             f"{', '.join(changed)} changed: scontrol reconfigure")
@@ -546,10 +558,10 @@ class Testbed:
         st = self.load_state()
         if st is None:
             raise TestbedError(f"no testbed in {self.root}")
-        p = st.proc("slurmctld")
+        p = st.proc(SLURMCTLD)
         if p is not None:
             procs.stop(p, timeout=30)
-            st.procs.pop("slurmctld", None)
+            st.procs.pop(SLURMCTLD, None)
             self.save_state(st)
         self._start_ctld(st)
 
@@ -557,7 +569,7 @@ class Testbed:
         """Stop one of the controller-side daemons alone, ``slurmctld`` or ``slurmdbd`` (fault
         tests: the controller or accounting down while the rest runs); start_daemon brings it
         back."""
-        if name not in ("slurmctld", "slurmdbd"):
+        if name not in (SLURMCTLD, SLURMDBD):
             raise TestbedError(f"stop_daemon: {name!r} is not slurmctld or slurmdbd")
         st = self.load_state()
         if st is None:
@@ -573,9 +585,9 @@ class Testbed:
         st = self.load_state()
         if st is None:
             raise TestbedError(f"no testbed in {self.root}")
-        if name == "slurmdbd":
+        if name == SLURMDBD:
             self._start_dbd(st)
-        elif name == "slurmctld":
+        elif name == SLURMCTLD:
             self._start_ctld(st)
         else:
             raise TestbedError(f"start_daemon: {name!r} is not slurmctld or slurmdbd")
@@ -588,14 +600,14 @@ class Testbed:
         if st is None:
             return {"stopped": [], "killed": [], "seconds": 0.0}
         cancelled = 0
-        if self.running(st).get("slurmctld"):
+        if self.running(st).get(SLURMCTLD):
             cancelled = self._cancel_all()
         killed: list[str] = []
         stopped: list[str] = []
         stopped_slurm, killed_slurm = self._stop_slurm(st)
         stopped += stopped_slurm
         killed += killed_slurm
-        for name in ("slurmdbd", "mariadbd", "munged"):
+        for name in (SLURMDBD, "mariadbd", "munged"):
             p = st.proc(name)
             if p is None:
                 continue
@@ -619,22 +631,23 @@ class Testbed:
                 "seconds": round(time.monotonic() - t0, 3)}
 
     def _cancel_all(self) -> int:
-        res = run_command(["squeue", "-h", "-o", "%A"], timeout=30, env=self.env(), check=False)
-        ids = [i for i in res.stdout.split() if i.isdigit()]
+        slurm = self.slurm()
+        try:
+            ids = slurm.active_job_ids()
+        except CommandError:
+            ids = []
         if ids:
-            run_command(["scancel", *ids], timeout=60, env=self.env(), check=False)
+            slurm.cancel_jobs(ids)
 
             def drained() -> bool:
-                r = run_command(["squeue", "-h", "-o", "%A"], timeout=30, env=self.env(),
-                                check=False)
-                return r.returncode == 0 and not r.stdout.strip()
+                return not slurm.active_job_ids()
 
             try:
                 wait_for(drained, 60, "jobs to end", None)
             except TestbedError:
                 self.log("some jobs did not end within 60s; stopping daemons anyway")
         # Wait for slurmstepd/slurmscriptd children of our daemons to finish on their own.
-        ours = {"slurmctld", "slurmscriptd", "slurmd", "slurmdbd", "mariadbd", "munged"}
+        ours = {SLURMCTLD, SLURMSCRIPTD, SLURMD, SLURMDBD, "mariadbd", "munged"}
         try:
             wait_for(lambda: all(procs.proc_name(p) in ours
                                  for p in procs.marked_pids(str(self.root))),
@@ -645,12 +658,12 @@ class Testbed:
 
     def _stop_slurm(self, st: State) -> tuple[list[str], list[str]]:
         stopped, killed = [], []
-        names = [n for n in st.procs if n.startswith("slurmd:")] + ["slurmctld"]
+        names = [n for n in st.procs if n.startswith(f"{SLURMD}:")] + [SLURMCTLD]
         # SIGTERM all slurmd at once: each takes a moment to shut down.
         live = []
         for name in names:
             p = st.proc(name)
-            if p and p.alive() and name != "slurmctld":
+            if p and p.alive() and name != SLURMCTLD:
                 os.kill(p.pid, 15)
                 live.append(p)
         for p in live:
@@ -658,7 +671,7 @@ class Testbed:
                 killed.append(p.name)
         for name in names:
             p = st.proc(name)
-            if name == "slurmctld" and p and p.alive() and procs.stop(p, timeout=30):
+            if name == SLURMCTLD and p and p.alive() and procs.stop(p, timeout=30):
                 killed.append(name)
             if p:
                 stopped.append(name)
@@ -673,7 +686,7 @@ class Testbed:
             return {"dir": str(self.root), "exists": False, "daemons": {}, "nodes": {}}
         alive = self.running(st)
         nodes: dict[str, str] = {}
-        if alive.get("slurmctld"):
+        if alive.get(SLURMCTLD):
             try:
                 nodes = self.node_states()
             except CommandError:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hetslurm.errors import TestbedError
 from hetslurm.process import run_command
+from hetslurm.slurm.cli_backend import missing_commands
 
 #: What SLURM-TESTBED.md found sufficient on Debian 12 (Slurm 22.05.8, job_submit_lua in
 #: slurm-wlm-basic-plugins, linked against Lua 5.1).
@@ -20,9 +21,10 @@ PACKAGES = (
     "libslurm-dev",
     "mariadb-server",
 )
-#: Binaries whose presence proves the packages work (checked after install).
-BINARIES = ("slurmctld", "slurmd", "slurmdbd", "sacctmgr", "sbatch", "munged",
-            "mariadbd", "mariadb-install-db", "mariadb")
+#: Daemons and tools whose presence proves the packages work (checked after install); the
+#: Slurm client commands are the access layer's to check (``missing_commands``).
+BINARIES = ("slurmctld", "slurmd", "slurmdbd", "munged", "mariadbd", "mariadb-install-db",
+            "mariadb")
 
 _POLICY_RC = Path("/usr/sbin/policy-rc.d")
 
@@ -81,6 +83,6 @@ def apt_install(pkgs: list[str]) -> None:
 
 
 def check_binaries() -> None:
-    absent = [b for b in BINARIES if shutil.which(b) is None]
+    absent = [b for b in BINARIES if shutil.which(b) is None] + missing_commands()
     if absent:
         raise TestbedError(f"missing programs after install: {', '.join(absent)}")

@@ -14,10 +14,9 @@ from pathlib import Path
 
 from hetslurm.errors import RolloutError, TestbedError
 from hetslurm.levers.live import Target, ping
-from hetslurm.process import run_command
 from hetslurm.site import Site, load_site
 from hetslurm.testbed import procs
-from hetslurm.testbed.cluster import DAEMON_WAIT_S, State, Testbed
+from hetslurm.testbed.cluster import DAEMON_WAIT_S, SLURMCTLD, State, Testbed
 
 
 class TestbedDaemons:
@@ -29,16 +28,16 @@ class TestbedDaemons:
         self.tb = tb
 
     def reconfigure(self) -> None:
-        run_command(["scontrol", "reconfigure"], timeout=60, env=self.tb.env())
+        self.tb.slurm().reconfigure()
 
     def restart(self, nodes: Sequence[str]) -> None:
         tb = self.tb
         st = _state(tb)
         tb._stop_slurm(st)
-        tb._start(st, "slurmctld", ["slurmctld", "-D", "-f", str(tb.conf)], "slurmctld.out")
+        tb.spawn_ctld(st)
         deadline = time.monotonic() + DAEMON_WAIT_S
         while (why := ping(tb.env())) is not None:
-            proc = st.proc("slurmctld")
+            proc = tb.ctld_proc(st)
             procs.reap()
             if proc is None or not proc.alive():
                 raise RolloutError(f"slurmctld exited at start ({why}); see "
@@ -47,8 +46,7 @@ class TestbedDaemons:
                 raise RolloutError(f"slurmctld does not answer after {DAEMON_WAIT_S:.0f}s: {why}")
             time.sleep(0.3)
         for name in nodes:
-            tb._start(st, f"slurmd:{name}", ["slurmd", "-D", "-f", str(tb.conf), "-N", name],
-                      f"slurmd-{name}.out")
+            tb.spawn_slurmd(st, name)
 
 
 def _state(tb: Testbed) -> State:
@@ -61,7 +59,7 @@ def _state(tb: Testbed) -> State:
 def rollout_target(tb: Testbed, site: Site) -> Target:
     """A rollout target for a running testbed, rendering ``site`` with its runtime."""
     st = _state(tb)
-    if not tb.running(st).get("slurmctld"):
+    if not tb.running(st).get(SLURMCTLD):
         raise TestbedError(f"the testbed in {tb.root} is not running; `hetslurm testbed up`")
     if st.cluster != site.name:
         raise TestbedError(f"{tb.root} runs cluster '{st.cluster}', the site is '{site.name}'")

@@ -108,8 +108,8 @@ def test_fair_share_charges_the_faster_model_by_its_speed(tb: Testbed, jobs: Job
     same because usage is linear in time.)"""
     env = tb.env()
     for acct in ("lvfast", "lvslow"):
-        tb.sacctmgr("add", "account", acct, "Cluster=hlev")
-        tb.sacctmgr("add", "user", "root", f"Account={acct}", "Cluster=hlev")
+        tb.slurm().add_account(acct, "hlev", exist_ok=True)
+        tb.slurm().add_user("root", acct, "hlev", exist_ok=True)
     fast = jobs.sbatch("-A", "lvfast", "-p", "gpu", "--gres=gpu:h100:1", script="sleep 4")
     slow = jobs.sbatch("-A", "lvslow", "-p", "gpu", "--gres=gpu:a100:1", script="sleep 4")
     for j in (fast, slow):

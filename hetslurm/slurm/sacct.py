@@ -1,0 +1,146 @@
+"""``sacct --json`` documents (Slurm 22.05, ``openapi/dbv0.0.38``) as typed job records.
+
+Decoding is msgspec's: the document is first split into the raw bytes of each element of
+its ``jobs`` array (one pass in C, which also proves the whole document is JSON), then each
+record is decoded on its own into small typed structs that declare only the fields hetslurm
+reads (the rest of sacct's large records, steps included, is skipped in C). So a record of
+the wrong shape is one :class:`SacctRecordError` for the caller to skip and count, and a
+million-job document never becomes a million nested dicts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+import msgspec
+
+from hetslurm.errors import BackendError
+from hetslurm.slurm.parse import TESTED_JSON_PLUGINS, json_data_parser, json_plugin
+
+
+class SacctDocumentError(BackendError):
+    """sacct printed no usable document (empty, garbage, truncated, another schema)."""
+
+
+class SacctRecordError(BackendError):
+    """One job record of a sacct document does not have the 22.05 shape."""
+
+
+# The fields of a 22.05 job record hetslurm reads (openapi/dbv0.0.38 names); every other
+# field is skipped unread. gc=False: these hold only strings, numbers and each other, so
+# they can form no cycle and the collector need not track a million of them.
+# Integers that fit an int64 column: one out of range is a bad record, not a crash.
+Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+
+
+class SacctTres(msgspec.Struct, gc=False):
+    """One TRES of a job (``{"type": "gres", "name": "gpu:a100", "count": 2}``)."""
+
+    type: str | None = None
+    name: str | None = None
+    count: Int64 | float | None = None
+
+
+class SacctTresGroup(msgspec.Struct, gc=False):
+    allocated: list[SacctTres] | None = None
+
+
+class SacctTime(msgspec.Struct, gc=False):
+    """Epoch seconds; 0 is "not yet", NO_VAL and above are Slurm's "no value"."""
+
+    submission: int | float | None = None
+    eligible: int | float | None = None
+    start: int | float | None = None
+    end: int | float | None = None
+    elapsed: int | float | None = None
+
+
+class SacctState(msgspec.Struct, gc=False):
+    current: str | None = None
+
+
+class SacctComment(msgspec.Struct, gc=False):
+    administrator: str | None = None
+    job: str | None = None
+
+
+class SacctJob(msgspec.Struct, gc=False):
+    """One run of one job as the accounting database recorded it."""
+
+    job_id: Int64
+    time: SacctTime
+    name: str | None = None
+    user: str | None = None
+    account: str | None = None
+    partition: str | None = None
+    state: SacctState | None = None
+    nodes: str | None = None
+    constraints: str | None = None
+    comment: SacctComment | None = None
+    tres: SacctTresGroup | None = None
+
+
+class _Document(msgspec.Struct):
+    jobs: list[msgspec.Raw] | None = None
+    meta: Any = None
+
+
+_decode_job = msgspec.json.Decoder(SacctJob).decode
+
+
+class SacctRecords:
+    """The job records of one sacct document, each decoded when asked for."""
+
+    def __init__(self, raws: list[msgspec.Raw]) -> None:
+        self.raws = raws
+
+    def __len__(self) -> int:
+        return len(self.raws)
+
+    @staticmethod
+    def decode(raw: msgspec.Raw) -> SacctJob:
+        """One record; :class:`SacctRecordError` when it is not a 22.05 job record."""
+        try:
+            return _decode_job(raw)
+        except (msgspec.MsgspecError, RecursionError) as exc:
+            raise SacctRecordError(str(exc)) from None
+
+    def plain(self) -> Iterator[Any]:
+        """Each record as plain Python objects (dicts and lists), undecoded by type."""
+        for raw in self.raws:
+            yield msgspec.json.decode(raw)
+
+
+def parse_sacct_document(text: str | bytes) -> SacctRecords:
+    """Split a ``sacct --json`` document into its job records.
+
+    Raises :class:`SacctDocumentError` with one clear sentence when the document is not a
+    JSON object with a ``jobs`` array (empty, garbage, truncated, not JSON), or declares a
+    schema other than 22.05's.
+    """
+    head = text[:4096].lstrip()
+    if head[:1] not in ("{", b"{"):
+        raise SacctDocumentError("sacct output is not a JSON object (does this sacct speak "
+                                 "--json? it needs Slurm 21.08 or later)")
+    try:
+        doc = msgspec.json.decode(text, type=_Document)
+    except msgspec.ValidationError as exc:
+        raise SacctDocumentError(f"sacct output has no 'jobs' array ({exc})") from exc
+    except RecursionError as exc:
+        raise SacctDocumentError("sacct output is nested too deeply to read") from exc
+    except msgspec.DecodeError as exc:
+        if "truncated" in str(exc):
+            raise SacctDocumentError("sacct output ends in the middle of the document") from exc
+        raise SacctDocumentError(f"sacct output is not valid JSON: {exc}") from exc
+    if doc.jobs is None:
+        raise SacctDocumentError("sacct output has no 'jobs' array")
+    meta = {"meta": doc.meta}
+    for name in (json_plugin(meta), json_data_parser(meta)):
+        # A newer Slurm's records differ in shape and meaning (states as lists, times as
+        # objects): refused whole rather than misread record by record.
+        if name is not None and name not in TESTED_JSON_PLUGINS:
+            raise SacctDocumentError(
+                f"sacct output is schema {name[:80]!r}, which hetslurm does not read (it "
+                f"reads {', '.join(sorted(TESTED_JSON_PLUGINS))}: Slurm 22.05)")
+    return SacctRecords(doc.jobs)
