@@ -75,9 +75,9 @@ def _features_hold(expr: str | None, have: set[str]) -> bool:
 def slurm_allows(node: NodeSpec, fields: dict[str, Any], site: Site) -> bool:
     """Whether slurmctld may run one node's share of the job on ``node``."""
     partition = fields.get("partition") or next(
-        name for name, p in site.partitions.items() if p.spec.default)
-    if node.name not in site.partitions[partition].nodes:
-        return False
+        (name for name, p in site.partitions.items() if p.spec.default), None)
+    if partition is not None and node.name not in site.partitions[partition].nodes:
+        return False  # (a site file without partitions: every node, as place assumes)
     for kind, model, count in _gres(fields.get("tres_per_node")):
         devices = node.gpus if kind == "gpu" else node.fpgas
         if sum(1 for d in devices if model is None or d.model == model) < count:
@@ -136,6 +136,8 @@ def compare(rt: HookRuntime, model: ClusterModel, site: Site, job: dict[str, Any
     stats["unplaceable"] += 1
     if len(allowed) < need:
         return None
+    if not p.impossible:
+        return None  # busy now (live state): Slurm holds the job pending too
     if p.blocking in ("nvlink", "numa", "islands", "switch", "locality"):
         stats["stricter-locality"] += 1  # hetslurm holds locality harder than Slurm does
         return None
@@ -180,3 +182,32 @@ def test_energy_low_one_answer(demo: Site) -> None:
     # With a class the request's own list is kept for relax to widen back to.
     r = resolve(parse_request("gpus=2 class=train energy=low"), demo)
     assert (r.gpu_models, r.own_gpu_models) == (("a100",), ("h100", "a100"))
+
+
+GOLDEN = sorted((ROOT / "tests/data/placement/golden").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", GOLDEN, ids=[p.stem for p in GOLDEN])
+def test_prediction_agrees_with_enforcement_on_the_golden_cases(path: Path) -> None:
+    """Each golden placement case's request, as a user would write it (``format_request``),
+    through that case's site's hook and through ``place`` on the case's live state: the
+    predicted nodes satisfy what the hook staged, and a rejection is place's refusal."""
+    import tomllib
+
+    from test_place_golden import load_case
+
+    from hetslurm.request.language import format_request
+    from hetslurm.site.load import parse_site
+
+    case = tomllib.loads(path.read_text(encoding="utf-8"))
+    site = (parse_site(case["site_toml"], str(path)) if "site_toml" in case
+            else load_site(ROOT / "site-configs" / f"{case['site']}.toml"))
+    model, request, _weights, _expect = load_case(path)
+    text = format_request(request)
+    if not text:
+        pytest.skip("the case's request has no #HET form (all defaults)")
+    rt = HookRuntime(render_hook(site).text)
+    stats = {"rejected": 0, "placed": 0, "unplaceable": 0, "stricter-locality": 0}
+    why = compare(rt, model, site, {"comment": "het: " + text, "user_name": "root"}, text,
+                  stats)
+    assert why is None, f"{path.stem} {text!r}: {why}"
