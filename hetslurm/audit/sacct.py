@@ -17,7 +17,6 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -275,7 +274,3 @@ def _decode_jobs(records: SacctRecords, site: Site | None, res: SacctResult) -> 
         res.problems.append(f"... and {res.skipped - MAX_LISTED_PROBLEMS} more sacct "
                             "records skipped")
     return cols.frame()
-
-
-def now_epoch() -> float:
-    return datetime.now(UTC).timestamp()

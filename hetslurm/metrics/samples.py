@@ -83,11 +83,6 @@ class GpuReading:
     error: str | None = None
 
 
-def empty_row() -> dict[str, Any]:
-    """A sample row with every column null."""
-    return dict.fromkeys(COLUMNS)
-
-
 def arrow_schema() -> Any:
     """The store's ``pyarrow.Schema`` (pyarrow imported here, not at module import)."""
     import pyarrow as pa

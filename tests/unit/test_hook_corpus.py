@@ -1,10 +1,12 @@
 """A generated corpus of more than 10,000 job scripts through the real hook (lupa Lua 5.1), each
 with its exact expected outcome, and never an uncaught error.
 
-Expected outcomes come from an independent oracle: the request is parsed and resolved by the
-Python API (``parse_request`` + ``resolve``, whose class/model/memory rules are the documented
-precedence) and mapped to Slurm fields by the table in docs/directives.md. A drift between the
-Lua decision and ``resolve`` fails here.
+Expected outcomes: the request is parsed and resolved by the Python API (``parse_request`` +
+``resolve``, which run the hook's own grammar and ``resolve`` step) and the resolved request is
+mapped to Slurm fields by the table in docs/directives.md (``expected_fields``). So this checks
+the hook's *staging* step against the documented table and every message against its family;
+whether the staged fields make Slurm run the job where hetslurm predicts is
+tests/unit/test_request_agreement.py, whose oracle is the site's nodes, not a table.
 """
 
 from __future__ import annotations
