@@ -176,7 +176,7 @@ class Testbed:
         if os.geteuid() == 0 and fsguard.problem(st_file, (0,)) is not None:
             return None
         st = self.load_state()
-        if st is None or not self.running(st).get("slurmctld"):
+        if st is None or not self.running(st).get(SLURMCTLD):
             return None
         return Path(st.site)
 
