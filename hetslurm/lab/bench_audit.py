@@ -207,8 +207,9 @@ def bench_real(env: Mapping[str, str], site: Site, n_jobs: int, workdir: Path,
     import threading
 
     from hetslurm.audit.run import AuditRequest, run_audit
-    from hetslurm.audit.sacct import parse_sacct_json
+    from hetslurm.audit.sacct import sacct_result
     from hetslurm.audit.tables import per_job
+    from hetslurm.errors import BackendError
     from hetslurm.metrics.collector import Collector, resolve_gres
     from hetslurm.metrics.fake_nvml import FakeNvml, scenario_for_devices
     from hetslurm.metrics.gres import device_minor
@@ -228,16 +229,16 @@ def bench_real(env: Mapping[str, str], site: Site, n_jobs: int, workdir: Path,
     coll = Collector(sorted(gres), FakeNvml(scen), backend, gres, store, interval_s=1.0,
                      flush_s=10.0)
     since = time.time() - 1
-    out = run_command(["sbatch", "--parsable", "-o", "/dev/null", f"--array=0-{n_jobs - 1}",
-                       "--gres=gpu:1", "-p", "gpu", "-c", "1", "--wrap", "sleep 2"],
-                      timeout=60, env=env)
-    array_id = int(out.stdout.strip().split(";")[0])
+    array_id = backend.submit_batch(
+        args=["-o", "/dev/null", f"--array=0-{n_jobs - 1}", "--gres=gpu:1", "-p", "gpu",
+              "-c", "1"], wrap="sleep 2").job_id
     log(f"submitted array {array_id} of {n_jobs} jobs")
 
     def pending() -> bool:
-        res = run_command(["squeue", "-h", "-j", str(array_id), "-o", "%i"], timeout=60,
-                          env=env, check=False)
-        return bool(res.stdout.strip())
+        try:
+            return bool(backend.queued_ids(jobs=[array_id]))
+        except BackendError:  # squeue failed: taken as nothing left, as before
+            return False
 
     t = threading.Thread(target=lambda: coll.run(until=lambda: not pending(),
                                                  duration_s=1800))
@@ -252,15 +253,13 @@ def bench_real(env: Mapping[str, str], site: Site, n_jobs: int, workdir: Path,
     bulk_s = time.perf_counter() - t0
     jobs = result.meta["jobs"]
     # The per-job way: one sacct and one store read per job.
-    sacct_all = parse_sacct_json(run_command(
-        ["sacct", "--json", "--allusers", "-X", "-j", str(array_id)], timeout=600,
-        env=env).stdout, site).jobs
+    sacct_all = sacct_result(backend.accounting_jobs_by_id(
+        [array_id], all_users=True, allocations_only=True), site).jobs
     ids = sorted(int(x) for x in sacct_all["job_id"])
     t0 = time.perf_counter()
     per: dict[int, tuple[float, float]] = {}
     for jid in ids:
-        one = parse_sacct_json(run_command(["sacct", "--json", "-j", str(jid)], timeout=60,
-                                           env=env).stdout, site).jobs
+        one = sacct_result(backend.accounting_jobs_by_id([jid]), site).jobs
         one = one[one["job_id"] == jid]
         frame, _ = store.read(since, until)
         frame = frame[frame["job_id"] == jid]

@@ -39,12 +39,8 @@ from hetslurm.hook.install import set_installed_mode
 from hetslurm.hook.render import render_hook
 from hetslurm.hook.standin import HookRuntime
 from hetslurm.lab import hostile, luatimer
-from hetslurm.process import run_command
 from hetslurm.site import load_site
-
-_SDIAG_DBD_QUEUE = re.compile(r"DBD Agent queue size:\s*(\d+)")
-_SDIAG_SUBMIT = re.compile(r"REQUEST_SUBMIT_BATCH_JOB\s*\(\s*\d+\)\s*count:(\d+)\s*ave_time:\d+"
-                           r"\s*total_time:(\d+)")
+from hetslurm.slurm import SUBMIT_BATCH_RPC, SlurmBackend
 
 TYPICAL = (
     "#!/bin/bash\n#SBATCH -t 10\n#SBATCH -J train\n#HET gpus=2 class=train\nsrun python t.py\n",
@@ -191,11 +187,10 @@ def _live_names() -> set[str]:
     return {c.name for c in hostile.live_subset(hostile.cases())}
 
 
-def _sdiag_submit(env: dict[str, str]) -> tuple[int, int]:
+def _sdiag_submit(slurm: SlurmBackend) -> tuple[int, int]:
     """(count, total_time in microseconds) of REQUEST_SUBMIT_BATCH_JOB since the last reset."""
-    out = run_command(["sdiag"], timeout=30, env=env).stdout
-    m = _SDIAG_SUBMIT.search(out)
-    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+    got = slurm.controller_stats().rpc(SUBMIT_BATCH_RPC)
+    return got.count, got.total_us
 
 
 def _cpu_seconds(pid: int | None) -> float | None:
@@ -224,21 +219,18 @@ def _cpu_seconds(pid: int | None) -> float | None:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def _held_total(env: dict[str, str]) -> int:
+def _held_total(slurm: SlurmBackend) -> int:
     """Every job slurmctld holds, finished ones not yet purged included."""
-    out = run_command(["squeue", "-h", "-t", "all", "-o", "%i"], timeout=60, env=env).stdout
-    return len(out.split())
+    return len(slurm.queued_ids(states=["all"]))
 
 
-def _max_job_count(env: dict[str, str]) -> int:
-    out = run_command(["scontrol", "show", "config"], timeout=30, env=env).stdout
-    m = re.search(r"^MaxJobCount\s*=\s*(\d+)", out, re.MULTILINE)
-    return int(m.group(1)) if m else 10_000
+def _max_job_count(slurm: SlurmBackend) -> int:
+    value = slurm.config().get("MaxJobCount", "")
+    return int(value) if value.isdigit() else 10_000
 
 
-def _pending(env: dict[str, str]) -> int:
-    out = run_command(["squeue", "-h", "-t", "PD", "-o", "%i"], timeout=60, env=env).stdout
-    return len(out.split())
+def _pending(slurm: SlurmBackend) -> int:
+    return len(slurm.queued_ids(states=["PD"]))
 
 
 def _mean(values: list[int]) -> float:
@@ -386,7 +378,7 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
     reference (see _plugin_reference) and, for the hostile corpus case ``worst_case``, the
     same script with the hook enforcing and switched off (see worst_case_result):
     {"depths": [...], "plugin_reference": {...} | None, "worst_case": {...} | None}."""
-    from hetslurm.testbed.cluster import Testbed
+    from hetslurm.testbed.cluster import SLURMCTLD, Testbed
 
     say = log or (lambda _m: None)
     site_file = Path(site_path)
@@ -398,7 +390,7 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
     results: list[dict[str, Any]] = []
     try:
         tb.up(site_file)
-        env = tb.env()
+        slurm = tb.slurm()
         script = root / "job.sh"
         script.write_text(TYPICAL[0])
         # The same job without the hook: the options the hook would have written, given to
@@ -409,25 +401,23 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
         filler = root / "filler.sh"
         filler.write_text("#!/bin/sh\ntrue\n")
 
-        def submit(path: Path, *args: str) -> str:
-            out = run_command(["sbatch", "--hold", "--parsable", "-o", "/dev/null", *args,
-                               str(path)], timeout=60, env=env).stdout
-            return out.strip().split(";")[0]
+        def submit(path: Path, *args: str) -> int:
+            return slurm.submit_batch(path, ["--hold", "-o", "/dev/null", *args]).job_id
 
         def settle() -> None:
             # Wait until slurmctld has sent everything to slurmdbd (the last round's
             # submissions and cancellations), so a round does not pay for the one before.
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                m = _SDIAG_DBD_QUEUE.search(run_command(["sdiag"], timeout=30, env=env).stdout)
-                if m is None or int(m.group(1)) == 0:
+                queued = slurm.controller_stats().dbd_agent_queue_size
+                if not queued:
                     return
                 time.sleep(0.2)
 
         def ctld_pid() -> int | None:
             # Read each time: the plugin reference restarts slurmctld.
             st = tb.load_state()
-            proc = st.proc("slurmctld") if st is not None else None
+            proc = tb.ctld_proc(st) if st is not None else None
             return proc.pid if proc is not None else None
 
         cpu_per_job: dict[str, list[float]] = {"with": [], "without": []}
@@ -438,7 +428,7 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
             # be gone before its submission shows in sdiag: read again until it does.
             deadline = time.monotonic() + 10
             while True:
-                count, total = _sdiag_submit(env)
+                count, total = _sdiag_submit(slurm)
                 if count == expected:
                     return total
                 if count > expected or time.monotonic() > deadline:
@@ -451,10 +441,10 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
             submission by submission (in the order given, then reversed, and so on), each
             one's slurmctld time from the rise of sdiag's total_time across it."""
             settle()
-            run_command(["sdiag", "-r"], timeout=30, env=env)
+            slurm.reset_controller_stats()
             pid = ctld_pid()
             times: dict[str, list[int]] = {side: [] for side in sides}
-            ids: list[str] = []
+            ids: list[int] = []
             last = 0
             for i in range(jobs_per_round):
                 for side in (sides if i % 2 == 0 else sides[::-1]):
@@ -473,7 +463,7 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
                         lua_per_call[side].append((lua1[0] - lua0[0])
                                                   / (lua1[1] - lua0[1]) / 1000)
             # The round's own jobs go again, so the queue stays at the depth being measured.
-            run_command(["scancel", *ids], timeout=120, env=env)
+            slurm.cancel_jobs(ids)
             return times
 
         def switch(mode: str) -> None:
@@ -483,11 +473,11 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
             while time.time() < res.mtime + 1.05:
                 time.sleep(0.1)
 
-        def try_submit(path: Path) -> str:
+        def try_submit(path: Path) -> int | None:
             try:
                 return submit(path)
             except CommandError:  # refused by the hook (a rejected case): timed all the same
-                return ""
+                return None
 
         worst: dict[str, Any] | None = None
         if worst_case is not None:
@@ -498,19 +488,18 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
             for b in range(2 * worst_blocks):
                 mode = ("enforce", "off")[b % 2]
                 switch(mode)
-                ids: list[str] = [try_submit(hostile_path)]  # the hook reloads: not timed
+                tried = [try_submit(hostile_path)]  # the hook reloads: not timed
                 settle()
-                run_command(["sdiag", "-r"], timeout=30, env=env)
+                slurm.reset_controller_stats()
                 took: list[int] = []
                 last = 0
                 for k in range(worst_per_block):
-                    ids.append(try_submit(hostile_path))
+                    tried.append(try_submit(hostile_path))
                     total = _submitted(k + 1)
                     took.append(total - last)
                     last = total
                 blocks.append((mode, took))
-                run_command(["scancel", *[i for i in ids if i]], timeout=120, env=env,
-                            check=False)
+                slurm.cancel_jobs([i for i in tried if i is not None])
                 say(f"worst case {case.name}, hook {mode}: {_mean(took)} us per submission")
             worst = worst_case_result(case.name, len(case.script or ""), blocks)
             say(f"worst case {case.name}: the hook adds {worst['extra_ms']} ms per submission")
@@ -531,18 +520,18 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
             measure(("with", "without"))
         reference = None
         for depth in depths:
-            missing = depth - _pending(env)
+            missing = depth - _pending(slurm)
             # slurmctld keeps a cancelled job for MinJobAge (300 s) and refuses submissions
             # once it holds MaxJobCount jobs (10,000; sbatch then retries until its timeout):
             # the queue still to build and this depth's rounds must fit, so wait for the
             # earlier rounds' jobs to be purged first.
             rounds_jobs = 2 * rounds * jobs_per_round + 100
-            limit = _max_job_count(env)
+            limit = _max_job_count(slurm)
             if depth + rounds_jobs > limit:
                 raise RuntimeError(f"depth {depth} with {rounds} rounds of {jobs_per_round} "
                                    f"jobs per side does not fit MaxJobCount={limit}")
             deadline = time.monotonic() + 900
-            while _held_total(env) + max(missing, 0) + rounds_jobs > limit:
+            while _held_total(slurm) + max(missing, 0) + rounds_jobs > limit:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"slurmctld did not purge cancelled jobs in 900 s; depth "
                                        f"{depth} with {rounds} rounds does not fit "
@@ -553,7 +542,7 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
                 say(f"building a queue of {depth} held jobs")
                 with ThreadPoolExecutor(max_workers=4) as pool:
                     list(pool.map(lambda _i: submit(filler), range(missing)))
-            pending = _pending(env)
+            pending = _pending(slurm)
             with_rounds: list[list[int]] = []
             without_rounds: list[list[int]] = []
             for key in cpu_per_job:
@@ -581,7 +570,7 @@ def bench_testbed(site_path: str | Path, depths: tuple[int, ...] = (0, 1000, 500
         if plugin_reference and reference is None:
             say("no plugin reference: it is taken at depth 0, which --depths leaves out")
     finally:
-        if tb.running().get("slurmctld") or tb.running().get("munged"):
+        if tb.running().get(SLURMCTLD) or tb.running().get("munged"):
             tb.down()
         shutil.rmtree(root, ignore_errors=True)
     return {"depths": results, "plugin_reference": reference, "worst_case": worst}

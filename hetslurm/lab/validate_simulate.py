@@ -27,7 +27,6 @@ import time
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +37,8 @@ from hetslurm.simulate.params import BACKFILLS, Params, load_params
 from hetslurm.simulate.traces import TraceJob
 from hetslurm.simulate.workload import SimJob, build_jobs, node_weights, partition_nodes
 from hetslurm.site.model import Site
+from hetslurm.slurm import SlurmBackend, units
+from hetslurm.slurm.sacct import SacctRecordError
 from hetslurm.textfile import read_text_file
 
 if TYPE_CHECKING:
@@ -392,12 +393,12 @@ def run_testbed(w: Workload, pl: Plan, policy: str, root: Path, *,
         TestbedError: the folder's testbed already runs, a job did not complete, sacct
             lacks a record in time.
     """
-    from hetslurm.process import run_command
+    from hetslurm.testbed.cluster import SLURMCTLD
     from hetslurm.testbed.procs import marked_pids
 
     say = log or (lambda _m: None)
     bed = _policy_testbed(root, policy, w.scheduler_parameters, say)
-    if bed.running().get("slurmctld"):
+    if bed.running().get(SLURMCTLD):
         raise TestbedError(f"a testbed runs in {root}; bring it down or use another --dir")
     model = ClusterModel.from_site(pl.site)
     scripts = root / "validate" / policy
@@ -412,20 +413,19 @@ def run_testbed(w: Workload, pl: Plan, policy: str, root: Path, *,
     try:
         say(f"{policy}: booting the testbed in {root}")
         bed.up(w.site_file)
-        env = bed.env()
+        slurm = bed.slurm()
         t0 = time.monotonic()
         for i, (wj, path) in enumerate(zip(w.jobs, paths, strict=True)):
             delay = t0 + wj.submit - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
-            res = run_command(["sbatch", "--parsable", "-J", wj.id, "-o", "/dev/null",
-                               str(path)], timeout=60, env=env)
-            sub.ids[int(res.stdout.strip().split(";")[0])] = i
+            job_id = slurm.submit_batch(path, ["-J", wj.id, "-o", "/dev/null"]).job_id
+            sub.ids[job_id] = i
             if progress is not None:
                 progress(f"{policy}: submitted", i + 1, len(w.jobs))
         budget = 3 * sum(wj.limit_min * 60 for wj in w.jobs) / 4 + 300
-        _wait_done(env, sub, policy, budget, progress)
-        out = _sacct(env, sub, len(w.jobs))
+        _wait_done(slurm, sub, policy, budget, progress)
+        out = _sacct(slurm, sub, len(w.jobs))
     finally:
         say(f"{policy}: bringing the testbed down")
         bed.down()
@@ -435,15 +435,12 @@ def run_testbed(w: Workload, pl: Plan, policy: str, root: Path, *,
     return out
 
 
-def _wait_done(env: Mapping[str, str], sub: _Submitted, policy: str, budget: float,
+def _wait_done(slurm: SlurmBackend, sub: _Submitted, policy: str, budget: float,
                progress: Progress | None) -> None:
-    from hetslurm.process import run_command
-
     deadline = time.monotonic() + budget
     ours = {str(k) for k in sub.ids}
     while True:
-        res = run_command(["squeue", "-h", "-o", "%i"], timeout=60, env=env)
-        left = ours & set(res.stdout.split())
+        left = ours & set(slurm.queued_ids())
         if progress is not None:
             progress(f"{policy}: finished", len(ours) - len(left), len(ours))
         if not left:
@@ -453,40 +450,41 @@ def _wait_done(env: Mapping[str, str], sub: _Submitted, policy: str, budget: flo
         time.sleep(1.0)
 
 
-def _stamp(text: str) -> float:
-    # sacct prints local time without a zone, to the second.
-    return datetime.fromisoformat(text).timestamp()
+def _epoch(value: float | None) -> float | None:
+    """A sacct time as epoch seconds; None for "not yet" (0) and Slurm's no-value."""
+    when = units.from_epoch(int(value) if value is not None else None)
+    return when.timestamp() if when is not None else None
 
 
-def _sacct(env: Mapping[str, str], sub: _Submitted, n: int, timeout: float = 120) -> Outcome:
-    from hetslurm.process import run_command
-
-    fields = ("JobIDRaw", "Submit", "Start", "End", "State", "NodeList")
-    ids = ",".join(str(k) for k in sub.ids)
+def _sacct(slurm: SlurmBackend, sub: _Submitted, n: int, timeout: float = 120) -> Outcome:
     deadline = time.monotonic() + timeout
-    rows: dict[int, dict[str, str]] = {}
+    # job id -> (submit, start, end, state, nodes), each run's one record (sacct -X)
+    rows: dict[int, tuple[float | None, float | None, float | None, str, str]] = {}
     while True:
-        res = run_command(["sacct", "-X", "-n", "-P", "-j", ids, "-o", ",".join(fields)],
-                          timeout=60, env=dict(env))
+        records = slurm.accounting_jobs_by_id(list(sub.ids), allocations_only=True)
         rows = {}
-        for line in res.stdout.splitlines():
-            row = dict(zip(fields, line.split("|"), strict=False))
-            if row.get("JobIDRaw", "").isdigit():
-                rows[int(row["JobIDRaw"])] = row
-        done = [r for r in rows.values() if r.get("End") not in (None, "", "Unknown")]
+        for raw in records.raws:
+            try:
+                rec = records.decode(raw)
+            except SacctRecordError:
+                continue
+            rows[rec.job_id] = (_epoch(rec.time.submission), _epoch(rec.time.start),
+                                _epoch(rec.time.end),
+                                (rec.state.current if rec.state else None) or "",
+                                rec.nodes or "")
+        done = [r for r in rows.values() if r[2] is not None]
         if len(done) == len(sub.ids):
             break
         if time.monotonic() > deadline:
             raise TestbedError(f"sacct has {len(done)} of {len(sub.ids)} finished records "
                                f"after {timeout:.0f} s")
         time.sleep(1.0)
-    bad = {k: r["State"] for k, r in rows.items() if r["State"] != "COMPLETED"}
+    bad = {k: r[3] for k, r in rows.items() if r[3] != "COMPLETED"}
     if bad:
         raise TestbedError(f"jobs that did not complete: {bad}")
     out: list[tuple[float, float, float, str]] = [(0.0, 0.0, 0.0, "")] * n
-    for job_id, row in rows.items():
-        out[sub.ids[job_id]] = (_stamp(row["Submit"]), _stamp(row["Start"]),
-                                _stamp(row["End"]), row["NodeList"])
+    for job_id, (submit, start, end, _state, nodes) in rows.items():
+        out[sub.ids[job_id]] = (submit or 0.0, start or 0.0, end or 0.0, nodes)
     t0 = min(o[0] for o in out)
     return Outcome(submit=[o[0] - t0 for o in out], start=[o[1] - t0 for o in out],
                    end=[o[2] - t0 for o in out], where=[o[3] for o in out])

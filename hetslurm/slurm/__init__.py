@@ -16,7 +16,9 @@ from collections.abc import Mapping
 
 from hetslurm.errors import BackendError
 from hetslurm.slurm.backend import (
+    SUBMIT_BATCH_RPC,
     Association,
+    ControllerStats,
     GresKey,
     JobInfo,
     NodeInfo,
@@ -26,7 +28,9 @@ from hetslurm.slurm.backend import (
     OutputFiles,
     PartitionInfo,
     QosInfo,
+    RpcStats,
     SlurmBackend,
+    Submission,
     Switches,
 )
 from hetslurm.slurm.units import UNLIMITED, GresItem, Unlimited
@@ -39,8 +43,10 @@ FAKE_RECORDING_ENV = "HETSLURM_FAKE_RECORDING"
 __all__ = [
     "BACKENDS",
     "FAKE_RECORDING_ENV",
+    "SUBMIT_BATCH_RPC",
     "UNLIMITED",
     "Association",
+    "ControllerStats",
     "GresItem",
     "GresKey",
     "JobInfo",
@@ -51,7 +57,9 @@ __all__ = [
     "OutputFiles",
     "PartitionInfo",
     "QosInfo",
+    "RpcStats",
     "SlurmBackend",
+    "Submission",
     "Switches",
     "Unlimited",
     "get_backend",

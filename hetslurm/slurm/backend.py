@@ -287,6 +287,51 @@ class Association(_ToDict):
     qos: frozenset[str] = frozenset()
 
 
+@dataclass(frozen=True)
+class Submission(_ToDict):
+    """A batch job sbatch accepted: its id, and what sbatch said on stderr (the job_submit
+    plugin's ``slurm.log_user`` messages, warnings), empty when it said nothing."""
+
+    job_id: int
+    stderr: str = ""
+
+
+#: The message type sdiag counts a batch submission (sbatch) under.
+SUBMIT_BATCH_RPC = "REQUEST_SUBMIT_BATCH_JOB"
+
+
+@dataclass(frozen=True)
+class RpcStats(_ToDict):
+    """One message type of sdiag's "Remote Procedure Call statistics by message type": how
+    many slurmctld served since its statistics were last reset, and the time it spent in
+    them (microseconds; ``mean_us`` is sdiag's ``ave_time``, ``total_us`` its
+    ``total_time``)."""
+
+    count: int = 0
+    mean_us: int = 0
+    total_us: int = 0
+
+
+@dataclass(frozen=True)
+class ControllerStats(_ToDict):
+    """slurmctld's own statistics (``sdiag``) since they were last reset.
+
+    The counters are None when sdiag did not print them. ``rpcs`` maps a message type
+    (``REQUEST_SUBMIT_BATCH_JOB``) to its statistics; sdiag lists only types served since
+    the reset, so a missing type served none (:meth:`rpc`).
+    """
+
+    server_thread_count: int | None = None
+    agent_queue_size: int | None = None
+    dbd_agent_queue_size: int | None = None
+    jobs_submitted: int | None = None
+    rpcs: Mapping[str, RpcStats] = field(default_factory=dict)
+
+    def rpc(self, message_type: str) -> RpcStats:
+        """The statistics of one message type; zero when slurmctld served none."""
+        return self.rpcs.get(message_type, RpcStats())
+
+
 class NodeStateChange(enum.Enum):
     """The node state changes hetslurm makes (``scontrol update nodename=... state=``)."""
 
@@ -406,6 +451,15 @@ class SlurmBackend(abc.ABC):
         """Make slurmctld and every slurmd re-read their configuration files."""
         raise self._unsupported("reconfigure")
 
+    def controller_stats(self) -> ControllerStats:
+        """slurmctld's statistics since they were last reset (RPC counts and times, queues)."""
+        raise self._unsupported("reading the controller's statistics")
+
+    def reset_controller_stats(self) -> None:
+        """Set slurmctld's statistics back to zero (needs the operator's or SlurmUser's
+        rights)."""
+        raise self._unsupported("resetting the controller's statistics")
+
     def node_states(self) -> dict[str, str]:
         """Each node's state word as sinfo prints it: lower case, ``+`` between flags
         (``mixed+drain``... spelled by sinfo as ``draining``), ``*`` when not responding."""
@@ -414,6 +468,28 @@ class SlurmBackend(abc.ABC):
     def active_job_ids(self) -> list[int]:
         """Ids of the jobs not yet finished (pending, running, suspended, completing)."""
         raise self._unsupported("listing active jobs")
+
+    def queued_ids(self, jobs: Sequence[JobRef] = (), states: Sequence[str] = ()) -> list[str]:
+        """squeue's id (``7``, ``5_1``, ``5_[2-3]``, ``11+1``) of every job the controller
+        lists, in squeue's order.
+
+        ``jobs`` narrows the listing to these jobs (an array's id takes in its tasks); a job
+        the controller no longer knows is simply not listed. ``states`` are squeue's state
+        names or codes (``PD``, ``RUNNING``, ``all`` for every state, finished jobs the
+        controller still holds included); none: the unfinished ones (squeue's default).
+        """
+        raise self._unsupported("listing the queue")
+
+    def submit_batch(self, script: str | Path | None = None, args: Sequence[str] = (), *,
+                     wrap: str | None = None) -> Submission:
+        """Submit a batch job and keep what sbatch said: like :meth:`submit`, and ``wrap``
+        (a command line) instead of a script makes sbatch write the script around it.
+
+        Raises:
+            ValueError: both or neither of ``script`` and ``wrap``.
+            CommandError: sbatch refused the job (the plugin's message is in it).
+        """
+        raise self._unsupported("submitting with sbatch's messages")
 
     def cancel_jobs(self, job_ids: Sequence[JobRef]) -> None:
         """Cancel several jobs in one call (jobs already gone are not an error)."""
@@ -430,6 +506,13 @@ class SlurmBackend(abc.ABC):
     def accounting_jobs(self, since: float, until: float) -> SacctRecords:
         """Every user's job records (one per run: requeues repeat a job) in the accounting
         database between two epoch times, each decoded on demand."""
+        raise self._unsupported("reading accounting")
+
+    def accounting_jobs_by_id(self, job_ids: Sequence[JobRef], *, all_users: bool = False,
+                              allocations_only: bool = False) -> SacctRecords:
+        """The accounting database's records of these jobs (an array's id takes in its
+        tasks), whenever they ran; ``all_users``: other users' too (sacct's ``--allusers``),
+        ``allocations_only``: without step records (``-X``)."""
         raise self._unsupported("reading accounting")
 
     def clusters(self) -> list[str]:
@@ -488,6 +571,11 @@ class SlurmBackend(abc.ABC):
     def _check_state_change(state: NodeStateChange, reason: str | None) -> None:
         if state in (NodeStateChange.DRAIN, NodeStateChange.DOWN) and not reason:
             raise ValueError(f"Slurm requires a reason to set a node {state.value}")
+
+    @staticmethod
+    def _check_submit(script: str | Path | None, wrap: str | None) -> None:
+        if (script is None) == (wrap is None):
+            raise ValueError("submit_batch needs a script or a command to wrap, not both")
 
     @staticmethod
     def _check_grant(kind: str) -> None:

@@ -23,6 +23,7 @@ from hetslurm.process import CommandResult, run_command
 from hetslurm.slurm import parse, units
 from hetslurm.slurm.backend import (
     Association,
+    ControllerStats,
     JobInfo,
     JobRef,
     NodeInfo,
@@ -32,6 +33,7 @@ from hetslurm.slurm.backend import (
     PartitionInfo,
     QosInfo,
     SlurmBackend,
+    Submission,
     Switches,
 )
 from hetslurm.slurm.sacct import SacctRecords, parse_sacct_document
@@ -44,10 +46,14 @@ DEFAULT_TIMEOUT_S = 30.0
 RECONFIGURE_TIMEOUT_S = 120.0
 ACCOUNTING_TIMEOUT_S = 600.0
 SACCTMGR_TIMEOUT_S = 60.0
+#: sbatch waits and retries while slurmctld is busy (a queue thousands of jobs deep); a
+#: listing of every job the controller holds may be as slow.
+SUBMIT_TIMEOUT_S = 60.0
+QUEUE_TIMEOUT_S = 60.0
 #: What sacctmgr says (exit status 1) when what it was asked to add exists already.
 _EXISTS_MARKERS = ("Nothing new added", "already exists")
 #: Every program this backend runs (``missing_commands`` checks them).
-COMMANDS = ("sinfo", "squeue", "scontrol", "scancel", "sbatch", "sacct", "sacctmgr")
+COMMANDS = ("sinfo", "squeue", "scontrol", "scancel", "sbatch", "sacct", "sacctmgr", "sdiag")
 
 
 def missing_commands(env: Mapping[str, str] | None = None) -> list[str]:
@@ -85,8 +91,9 @@ class CliBackend(SlurmBackend):
         return run_command(argv, timeout=max(self.timeout, timeout or 0.0), env=self._env,
                            input=input)
 
-    def _run_object(self, what: str, *argv: str) -> CommandResult:
-        out = run_command(argv, timeout=self.timeout, env=self._env, check=False)
+    def _run_object(self, what: str, *argv: str, timeout: float | None = None) -> CommandResult:
+        out = run_command(argv, timeout=max(self.timeout, timeout or 0.0), env=self._env,
+                          check=False)
         if out.returncode == 0:
             return out
         # scontrol says "Node x not found" on stdout but "Invalid job id" on stderr.
@@ -183,12 +190,23 @@ class CliBackend(SlurmBackend):
 
     # ---------------------------------------------------------------- changing
     def submit(self, script: str | Path, args: Sequence[str] = ()) -> int:
-        if isinstance(script, Path):
-            out = self._run("sbatch", "--parsable", *args, str(script))
+        return self._sbatch(script, args, None, self.timeout).job_id
+
+    def submit_batch(self, script: str | Path | None = None, args: Sequence[str] = (), *,
+                     wrap: str | None = None) -> Submission:
+        self._check_submit(script, wrap)
+        return self._sbatch(script, args, wrap, SUBMIT_TIMEOUT_S)
+
+    def _sbatch(self, script: str | Path | None, args: Sequence[str], wrap: str | None,
+                timeout: float) -> Submission:
+        if wrap is not None:
+            out = self._run("sbatch", "--parsable", *args, "--wrap", wrap, timeout=timeout)
+        elif isinstance(script, Path):
+            out = self._run("sbatch", "--parsable", *args, str(script), timeout=timeout)
         else:
             # sbatch reads the script from stdin when no file is named.
-            out = self._run("sbatch", "--parsable", *args, input=script)
-        return parse.parse_sbatch_parsable(out.stdout)
+            out = self._run("sbatch", "--parsable", *args, input=script, timeout=timeout)
+        return Submission(parse.parse_sbatch_parsable(out.stdout), out.stderr)
 
     def update_job(
         self,
@@ -274,6 +292,12 @@ class CliBackend(SlurmBackend):
     def reconfigure(self) -> None:
         self._run("scontrol", "reconfigure", timeout=RECONFIGURE_TIMEOUT_S)
 
+    def controller_stats(self) -> ControllerStats:
+        return parse.parse_sdiag(self._run("sdiag").stdout)
+
+    def reset_controller_stats(self) -> None:
+        self._run("sdiag", "-r")
+
     def node_states(self) -> dict[str, str]:
         return parse.parse_sinfo_node_states(self._run("sinfo", "-h", "-N", "-o", "%N %T").stdout)
 
@@ -281,6 +305,22 @@ class CliBackend(SlurmBackend):
         # squeue's default states are the unfinished ones; %A is the unique id (array tasks
         # and het components each have their own).
         return parse.parse_squeue_ids(self._run("squeue", "-h", "-o", "%A").stdout)
+
+    def queued_ids(self, jobs: Sequence[JobRef] = (), states: Sequence[str] = ()) -> list[str]:
+        argv = ["squeue", "-h"]
+        if jobs:
+            argv += ["-j", ",".join(map(str, jobs))]
+        if states:
+            argv += ["-t", ",".join(states)]
+        argv += ["-o", "%i"]
+        try:
+            out = self._run_object("jobs", *argv, timeout=QUEUE_TIMEOUT_S)
+        except NotFoundError:
+            # squeue -j with one id asks for that job alone and fails once it is gone.
+            if jobs:
+                return []
+            raise
+        return parse.parse_squeue_display_ids(out.stdout)
 
     def cancel_jobs(self, job_ids: Sequence[JobRef]) -> None:
         if job_ids:
@@ -306,6 +346,15 @@ class CliBackend(SlurmBackend):
         out = self._run("sacct", "--json", "--allusers", "--duplicates", "-S", iso(since),
                         "-E", iso(until), timeout=ACCOUNTING_TIMEOUT_S)
         return parse_sacct_document(out.stdout)
+
+    def accounting_jobs_by_id(self, job_ids: Sequence[JobRef], *, all_users: bool = False,
+                              allocations_only: bool = False) -> SacctRecords:
+        if not job_ids:
+            return SacctRecords([])
+        # With -j and no -S, sacct looks back to the epoch: every run of these jobs.
+        argv = ["sacct", "--json", *(["--allusers"] if all_users else []),
+                *(["-X"] if allocations_only else []), "-j", ",".join(map(str, job_ids))]
+        return parse_sacct_document(self._run(*argv, timeout=ACCOUNTING_TIMEOUT_S).stdout)
 
     def _sacctmgr_show(self, *args: str) -> str:
         return self._run("sacctmgr", "-n", "-P", "show", *args).stdout

@@ -21,7 +21,9 @@ from pathlib import Path
 from hetslurm.errors import BackendError
 from hetslurm.slurm import parse, units
 from hetslurm.slurm.backend import (
+    SUBMIT_BATCH_RPC,
     Association,
+    ControllerStats,
     GresKey,
     JobInfo,
     JobRef,
@@ -32,6 +34,7 @@ from hetslurm.slurm.backend import (
     PartitionInfo,
     QosInfo,
     SlurmBackend,
+    Submission,
     Switches,
 )
 from hetslurm.slurm.sacct import SacctRecords, parse_sacct_document
@@ -40,6 +43,12 @@ from hetslurm.slurm.units import GresItem
 #: Job states squeue lists by default (the unfinished ones).
 _ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING",
                             "REQUEUED", "RESIZING", "SIGNALING", "STAGE_OUT"})
+#: squeue's state codes (``-t PD``) and the states they name.
+_STATE_CODES = {"PD": "PENDING", "R": "RUNNING", "S": "SUSPENDED", "CG": "COMPLETING",
+                "CD": "COMPLETED", "CA": "CANCELLED", "F": "FAILED", "TO": "TIMEOUT",
+                "NF": "NODE_FAIL", "PR": "PREEMPTED", "BF": "BOOT_FAIL", "DL": "DEADLINE",
+                "OOM": "OUT_OF_MEMORY", "CF": "CONFIGURING", "RQ": "REQUEUED",
+                "RS": "RESIZING", "SI": "SIGNALING", "SO": "STAGE_OUT"}
 
 
 class FakeSlurm(SlurmBackend):
@@ -79,6 +88,8 @@ class FakeSlurm(SlurmBackend):
         self.controller_up = True
         #: How many times ``reconfigure`` was called.
         self.reconfigures = 0
+        #: What sdiag would print: submissions are counted (taking no time) until a reset.
+        self.stats = _zero_stats()
         self._accounting = accounting or SacctRecords([])
         #: The accounting database: clusters, accounts, associations (QOS are ``_qos``).
         self.cluster_names: list[str] = [cluster]
@@ -118,6 +129,10 @@ class FakeSlurm(SlurmBackend):
     def submit(self, script: str | Path, args: Sequence[str] = ()) -> int:
         text = script.read_text() if isinstance(script, Path) else script
         opts = _sbatch_options(text, args)
+        sub = self.stats.rpc(SUBMIT_BATCH_RPC)
+        self.stats = replace(self.stats, jobs_submitted=(self.stats.jobs_submitted or 0) + 1,
+                             rpcs={**self.stats.rpcs,
+                                   SUBMIT_BATCH_RPC: replace(sub, count=sub.count + 1)})
         job_id = next(self._ids)
         self.scripts[job_id] = text
         self.outputs[job_id] = OutputFiles(opts.get("output"), opts.get("error"))
@@ -138,6 +153,15 @@ class FakeSlurm(SlurmBackend):
             self._held.add(job_id)
         self.schedule()
         return job_id
+
+    def submit_batch(self, script: str | Path | None = None, args: Sequence[str] = (), *,
+                     wrap: str | None = None) -> Submission:
+        self._check_submit(script, wrap)
+        if wrap is not None:
+            # The script sbatch writes around a --wrap command.
+            script = f"#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{wrap}\n"
+        assert script is not None
+        return Submission(self.submit(script, args))
 
     def schedule(self) -> None:
         """Start every pending, unheld job that fits on one node now."""
@@ -344,12 +368,31 @@ class FakeSlurm(SlurmBackend):
     def reconfigure(self) -> None:
         self.reconfigures += 1
 
+    def controller_stats(self) -> ControllerStats:
+        return self.stats
+
+    def reset_controller_stats(self) -> None:
+        self.stats = _zero_stats()
+
     def node_states(self) -> dict[str, str]:
         return {n.name: n.state_label + ("*" if "NOT_RESPONDING" in n.state else "")
                 for n in self._nodes.values()}
 
     def active_job_ids(self) -> list[int]:
         return [j.job_id for j in self._jobs.values() if j.state in _ACTIVE_STATES]
+
+    def queued_ids(self, jobs: Sequence[JobRef] = (), states: Sequence[str] = ()) -> list[str]:
+        refs = {str(j) for j in jobs}
+        wanted = {_STATE_CODES.get(s.upper(), s.upper()) for s in states}
+        out = []
+        for j in self._jobs.values():
+            ids = {str(x) for x in (j.job_id, j.array_job_id, j.het_job_id) if x is not None}
+            if refs and not refs & ids:
+                continue
+            if "ALL" not in wanted and j.state not in (wanted or _ACTIVE_STATES):
+                continue
+            out.append(j.display_id)
+        return out
 
     def cancel_jobs(self, job_ids: Sequence[JobRef]) -> None:
         for ref in job_ids:
@@ -373,6 +416,19 @@ class FakeSlurm(SlurmBackend):
     def accounting_jobs(self, since: float, until: float) -> SacctRecords:
         """Every record the fake was given (it does not filter by time)."""
         return self._accounting
+
+    def accounting_jobs_by_id(self, job_ids: Sequence[JobRef], *, all_users: bool = False,
+                              allocations_only: bool = False) -> SacctRecords:
+        """The records the fake was given of these jobs (by id or array id)."""
+        refs = {str(j) for j in job_ids}
+        keep = []
+        for raw, rec in zip(self._accounting.raws, self._accounting.plain(), strict=True):
+            array = rec.get("array") if isinstance(rec, dict) else None
+            ids = {str(rec.get("job_id")) if isinstance(rec, dict) else None,
+                   str(array.get("job_id")) if isinstance(array, dict) else None}
+            if refs & ids:
+                keep.append(raw)
+        return SacctRecords(keep)
 
     def clusters(self) -> list[str]:
         return list(self.cluster_names)
@@ -441,6 +497,11 @@ class FakeSlurm(SlurmBackend):
                 raise BackendError(f"{what} {name} already exists")
             return
         names.append(name)
+
+
+def _zero_stats() -> ControllerStats:
+    return ControllerStats(server_thread_count=1, agent_queue_size=0, dbd_agent_queue_size=0,
+                           jobs_submitted=0, rpcs={})
 
 
 def _qos_with(q: QosInfo, settings: Mapping[str, str]) -> QosInfo:

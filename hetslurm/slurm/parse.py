@@ -21,11 +21,13 @@ from hetslurm.errors import BackendError
 from hetslurm.slurm import units
 from hetslurm.slurm.backend import (
     Association,
+    ControllerStats,
     JobInfo,
     NodeInfo,
     OutputFiles,
     PartitionInfo,
     QosInfo,
+    RpcStats,
     Switches,
 )
 from hetslurm.slurm.units import GresItem
@@ -719,6 +721,59 @@ def parse_sinfo_node_states(text: str) -> dict[str, str]:
 def parse_squeue_ids(text: str) -> list[int]:
     """``squeue -h -o %A`` (one unique job id per line) to ids, in squeue's order."""
     return [int(w) for w in text.split() if w.isdigit()]
+
+
+def parse_squeue_display_ids(text: str) -> list[str]:
+    """``squeue -h -o %i`` (one id per line as squeue prints it: ``7``, ``5_1``,
+    ``5_[2-3%2]``, ``11+1``) to those ids, in squeue's order."""
+    return text.split()
+
+
+# sdiag's counters at the top of its report ("DBD Agent queue size: 0"), by their label.
+_SDIAG_COUNTERS = {
+    "Server thread count": "server_thread_count",
+    "Agent queue size": "agent_queue_size",
+    "DBD Agent queue size": "dbd_agent_queue_size",
+    "Jobs submitted": "jobs_submitted",
+}
+_SDIAG_COUNTER_RE = re.compile(r"^([A-Za-z][A-Za-z ]*?):\s*(\d+)\s*$")
+_SDIAG_BY_TYPE = "Remote Procedure Call statistics by message type"
+# "\tREQUEST_SUBMIT_BATCH_JOB                ( 4003) count:3      ave_time:701    total_time:2104"
+_SDIAG_RPC_RE = re.compile(r"^\s+(\w+)\s*\(\s*\d+\)\s*count:(\d+)\s+ave_time:(\d+)"
+                           r"\s+total_time:(\d+)\s*$")
+
+
+def parse_sdiag(text: str) -> ControllerStats:
+    """sdiag's report (Slurm 22.05) to :class:`ControllerStats`.
+
+    The counters come from the unindented ``Label: number`` lines at the top; the RPC
+    statistics from the section "by message type" only (the section "by user" that follows
+    has lines of the same shape, keyed by user name).
+    """
+    counters: dict[str, int] = {}
+    rpcs: dict[str, RpcStats] = {}
+    in_types = False
+    for line in text.splitlines():
+        if not line.strip():
+            in_types = False
+            continue
+        if not line[0].isspace():
+            in_types = line.strip() == _SDIAG_BY_TYPE
+            m = _SDIAG_COUNTER_RE.match(line)
+            if m and m.group(1) in _SDIAG_COUNTERS:
+                counters[_SDIAG_COUNTERS[m.group(1)]] = int(m.group(2))
+            continue
+        m = _SDIAG_RPC_RE.match(line) if in_types else None
+        if m:
+            rpcs[m.group(1)] = RpcStats(count=int(m.group(2)), mean_us=int(m.group(3)),
+                                        total_us=int(m.group(4)))
+    return ControllerStats(
+        server_thread_count=counters.get("server_thread_count"),
+        agent_queue_size=counters.get("agent_queue_size"),
+        dbd_agent_queue_size=counters.get("dbd_agent_queue_size"),
+        jobs_submitted=counters.get("jobs_submitted"),
+        rpcs=rpcs,
+    )
 
 
 def parse_job_output_files(text: str) -> OutputFiles:

@@ -64,19 +64,35 @@ def test_the_hooks_own_lua_time_per_call() -> None:
     assert "with_hook_lua_us" not in depth_result(0, [[1]], [[1]], [], [])
 
 
-def test_sdiag_total_time_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The per-submission figure is the rise of total_time; the line as 22.05's sdiag prints it.
+def test_sdiag_total_time_is_read() -> None:
+    # The per-submission figure is the rise of total_time; the lines as 22.05's sdiag prints
+    # them, read by the access layer.
     from hetslurm.lab import bench_hook as bench
+    from hetslurm.slurm import parse
+    from hetslurm.slurm.fake import FakeSlurm
 
-    class Done:
-        stdout = ("Remote Procedure Call statistics by message type\n"
-                  "\tREQUEST_STATS_INFO                      ( 2035) count:7      "
-                  "ave_time:120    total_time:840\n"
-                  "\tREQUEST_SUBMIT_BATCH_JOB                ( 4003) count:3      "
-                  "ave_time:701    total_time:2104\n")
+    fake = FakeSlurm()
+    fake.stats = parse.parse_sdiag(
+        "Remote Procedure Call statistics by message type\n"
+        "\tREQUEST_STATS_INFO                      ( 2035) count:7      "
+        "ave_time:120    total_time:840\n"
+        "\tREQUEST_SUBMIT_BATCH_JOB                ( 4003) count:3      "
+        "ave_time:701    total_time:2104\n")
+    assert bench._sdiag_submit(fake) == (3, 2104)
+    fake.reset_controller_stats()  # sdiag -r: no submission since
+    assert bench._sdiag_submit(fake) == (0, 0)
 
-    monkeypatch.setattr(bench, "run_command", lambda *a, **k: Done())
-    assert bench._sdiag_submit({}) == (3, 2104)
+
+def test_queue_depth_and_job_limit_come_from_the_access_layer() -> None:
+    from hetslurm.lab import bench_hook as bench
+    from hetslurm.slurm import JobInfo
+    from hetslurm.slurm.fake import FakeSlurm
+
+    fake = FakeSlurm(jobs=[JobInfo(1, state="PENDING"), JobInfo(2, state="RUNNING"),
+                           JobInfo(3, state="COMPLETED")], config={"MaxJobCount": "20000"})
+    assert (bench._pending(fake), bench._held_total(fake)) == (1, 3)
+    assert bench._max_job_count(fake) == 20_000
+    assert bench._max_job_count(FakeSlurm()) == 10_000  # Slurm's default
 
 
 def test_process_cpu_clock_of_another_process() -> None:

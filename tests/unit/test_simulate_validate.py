@@ -13,13 +13,15 @@ import pytest
 from click.testing import CliRunner
 
 from hetslurm.cli import cli
-from hetslurm.errors import ConfigError
+from hetslurm.errors import ConfigError, TestbedError
 from hetslurm.lab import validate_simulate as v
 from hetslurm.placement.model import ClusterModel
-from hetslurm.process import CommandResult
 from hetslurm.simulate.params import load_params
 from hetslurm.simulate.workload import node_weights
 from hetslurm.site.load import load_site
+from hetslurm.slurm import NodeInfo
+from hetslurm.slurm.fake import FakeSlurm
+from hetslurm.slurm.sacct import parse_sacct_document
 
 ROOT = Path(__file__).resolve().parents[2]
 FULL = ROOT / "site-configs" / "validate-workload.toml"
@@ -160,18 +162,28 @@ def test_compare_passes_within_ten_percent_or_the_absolute_margin() -> None:
     assert v.compare({"mean_wait_s": 1.0, "makespan_s": 2.0}, None, t)[0]["pass"] is None
 
 
-def test_sacct_records_become_times_from_the_first_submission(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    out = ("41|2026-11-30T05:00:00|2026-11-30T05:00:01|2026-11-30T05:00:31|COMPLETED|gpu3\n"
-           "42|2026-11-30T05:00:02|2026-11-30T05:00:31|2026-11-30T05:01:01|COMPLETED|cpu1\n")
+def _accounting(*rows: tuple[int, int, int, int, str, str]) -> FakeSlurm:
+    """A controller whose accounting holds these runs (job id, submit, start, end, state,
+    nodes), as sacct --json records of Slurm 22.05 (openapi/dbv0.0.38; hand-written, the
+    fields and shapes of tests/data/slurm/sacct.json)."""
+    jobs = [{"job_id": j, "array": {"job_id": 0, "task_id": None}, "name": "w", "nodes": where,
+             "state": {"current": state, "reason": "None"},
+             "time": {"submission": sub, "eligible": sub, "start": start, "end": end,
+                      "elapsed": end - start if end else 0}, "steps": []}
+            for j, sub, start, end, state, where in rows]
+    doc = {"meta": {"plugin": {"type": "openapi/dbv0.0.38"}}, "errors": [], "jobs": jobs}
+    return FakeSlurm(accounting=parse_sacct_document(json.dumps(doc)))
 
-    def fake(argv: list[str], **_kw: object) -> CommandResult:
-        assert argv[:2] == ["sacct", "-X"] and "41,42" in argv
-        return CommandResult(tuple(argv), 0, out, "")
 
-    monkeypatch.setattr("hetslurm.process.run_command", fake)
+T0 = 1_796_014_800  # 2026-11-30T05:00:00Z
+
+
+def test_sacct_records_become_times_from_the_first_submission() -> None:
+    fake = _accounting((41, T0, T0 + 1, T0 + 31, "COMPLETED", "gpu3"),
+                       (42, T0 + 2, T0 + 31, T0 + 61, "COMPLETED", "cpu1"),
+                       (43, T0, T0 + 1, T0 + 2, "COMPLETED", "gpu1"))  # not this run's
     sub = v._Submitted({41: 0, 42: 1})
-    got = v._sacct({}, sub, 2)
+    got = v._sacct(fake, sub, 2)
     assert got.submit == [0.0, 2.0] and got.start == [1.0, 31.0] and got.end == [31.0, 61.0]
     assert got.waits == [1.0, 29.0] and got.where == ["gpu3", "cpu1"]
     assert got.figures()["makespan_s"] == 61.0
@@ -179,14 +191,28 @@ def test_sacct_records_become_times_from_the_first_submission(
         == ["h100", "cpu"]
 
 
-def test_a_job_that_did_not_complete_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hetslurm.errors import TestbedError
-
-    out = "7|2026-11-30T05:00:00|2026-11-30T05:00:01|2026-11-30T05:01:01|TIMEOUT|gpu1\n"
-    monkeypatch.setattr("hetslurm.process.run_command",
-                        lambda argv, **_kw: CommandResult(tuple(argv), 0, out, ""))
+def test_a_job_that_did_not_complete_fails_the_run() -> None:
+    fake = _accounting((7, T0, T0 + 1, T0 + 61, "TIMEOUT", "gpu1"))
     with pytest.raises(TestbedError, match=r"did not complete: \{7: 'TIMEOUT'\}"):
-        v._sacct({}, v._Submitted({7: 0}), 1)
+        v._sacct(fake, v._Submitted({7: 0}), 1)
+
+
+def test_a_run_still_going_is_not_a_finished_record() -> None:
+    # sacct --json's end is 0 until the job ends ("not yet").
+    fake = _accounting((7, T0, T0 + 1, 0, "RUNNING", "gpu1"))
+    with pytest.raises(TestbedError, match="sacct has 0 of 1 finished records"):
+        v._sacct(fake, v._Submitted({7: 0}), 1, timeout=-1)
+
+
+def test_waiting_reads_the_queue_until_our_jobs_leave_it() -> None:
+    fake = FakeSlurm(nodes=[NodeInfo("n1", frozenset({"IDLE"}), cpus_total=4)])
+    sub = v._Submitted({fake.submit("#!/bin/sh\n"): 0, fake.submit("#!/bin/sh\n"): 1})
+    seen: list[int] = []
+    with pytest.raises(TestbedError, match="2 jobs still queued or running"):
+        v._wait_done(fake, sub, "hetslurm", -1, lambda _w, done, _n: seen.append(done))
+    fake.cancel_jobs(list(sub.ids))
+    v._wait_done(fake, sub, "hetslurm", 10, lambda _w, done, _n: seen.append(done))
+    assert seen == [0, 2]
 
 
 def test_cli_sim_only_prints_both_policies_and_refuses_trace_options() -> None:
