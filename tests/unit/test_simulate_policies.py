@@ -12,7 +12,7 @@ from test_simulate_engine import TOY
 from hetslurm.cli import cli
 from hetslurm.errors import ConfigError
 from hetslurm.placement.model import ClusterModel
-from hetslurm.simulate.engine import replay
+from hetslurm.simulate.easy import replay
 from hetslurm.simulate.params import Params, load_params
 from hetslurm.simulate.traces import TraceJob
 from hetslurm.simulate.workload import (
