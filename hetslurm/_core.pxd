@@ -257,6 +257,10 @@ cdef class PlacementCore:
         const int32_t[::1] frank, int64_t* terms, bint write,
         int32_t* gpus_out, int32_t* fpgas_out, int32_t* cores_out,
     ) noexcept nogil
+    cdef int _static(
+        self, Py_ssize_t i, const int64_t[::1] req, const int32_t[::1] mrank,
+        const int32_t[::1] frank,
+    ) noexcept nogil
     cdef bint _set_before(
         self, Py_ssize_t a, Py_ssize_t b, Py_ssize_t n_c, int64_t k
     ) noexcept nogil

@@ -135,6 +135,14 @@ class PlacementCore:
         scores: npt.NDArray[np.int64],
     ) -> None:
         """Evaluate every node: status, terms and score."""
+    def static_fit(
+        self,
+        req: npt.NDArray[np.int64],
+        mrank: npt.NDArray[np.int32],
+        frank: npt.NDArray[np.int32],
+        status: npt.NDArray[np.int8],
+    ) -> None:
+        """Per node, ST_FITS where it could ever hold one share, else the first static ST_*."""
     def state(self) -> dict[str, npt.NDArray[Any]]:
         """Copies of the live state arrays."""
     def index_buckets(self) -> dict[tuple[int, int, int], list[int]]:

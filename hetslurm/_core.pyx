@@ -1099,6 +1099,39 @@ cdef class PlacementCore:
                     t += 1
         return ST_FITS
 
+    cdef int _static(
+        self, Py_ssize_t i, const int64_t[::1] req, const int32_t[::1] mrank,
+        const int32_t[::1] frank,
+    ) noexcept nogil:
+        """The tests of ``_eval`` that no free state changes, in its order: ST_FITS when node
+        i could hold one share of the request once everything on it is free, else the first
+        that fails (unavailable, cpu_only, gpu_model, gpu_count, gpu_mem, fpga_model,
+        fpga_count). Where this is not ST_FITS, ``_eval`` fails on every state."""
+        cdef int64_t ng = req[R_GPUS], nf = req[R_FPGAS]
+        cdef Py_ssize_t ga = self.gpu_offsets[i], gb = self.gpu_offsets[i + 1]
+        cdef Py_ssize_t fa = self.fpga_offsets[i], fb = self.fpga_offsets[i + 1]
+        cdef Py_ssize_t j, qual = 0
+        cdef int32_t gm = self.gpu_model[i], fm = self.fpga_model[i]
+        if not self.available[i]:
+            return ST_UNAVAILABLE
+        if req[R_CPU_ONLY] and (gb > ga or fb > fa):
+            return ST_CPU_ONLY
+        if ng > 0:
+            if gm < 0 or mrank[gm] < 0:
+                return ST_GPU_MODEL
+            if gb - ga < ng:
+                return ST_GPU_COUNT
+            for j in range(ga, gb):
+                qual += self.gpu_mem[j] >= req[R_MIN_GPU_MEM]
+            if qual < ng:
+                return ST_GPU_MEM
+        if nf > 0:
+            if fm < 0 or frank[fm] < 0:
+                return ST_FPGA_MODEL
+            if fb - fa < nf:
+                return ST_FPGA_COUNT
+        return ST_FITS
+
     cdef void _commit(
         self, Py_ssize_t i, const int64_t[::1] req, const int32_t* gpus, const int32_t* fpgas,
         const int32_t* cores,
@@ -1539,6 +1572,38 @@ cdef class PlacementCore:
                 )
                 status[i] = <int8_t>st
                 scores[i] = _weigh(&terms[0] + i * N_T, w) if st == ST_FITS else -1
+
+    def static_fit(
+        self,
+        const int64_t[::1] req not None,
+        const int32_t[::1] mrank not None,
+        const int32_t[::1] frank not None,
+        int8_t[::1] status not None,
+    ):
+        """Which nodes could ever hold one share of the request: the tests of ``evaluate``
+        that no free GPU, FPGA, core or memory changes (availability, CPU-only, device
+        models and counts, GPU memory), for callers that keep free counts themselves.
+
+        Args:
+            req, mrank, frank: as for ``place``.
+            status: shape (N,), int8; ST_FITS, or the first static ST_* that fails.
+
+        Raises:
+            ValueError: an input of the wrong length or a count out of range; ``status``
+                shorter than one entry per node.
+        """
+        cdef str fn = "PlacementCore.static_fit"
+        self._check_ready(fn)
+        _exact(fn, "req", req.shape[0], N_REQ, "N_REQ")
+        _exact(fn, "mrank", mrank.shape[0], self.n_gpu_models, "one per GPU model")
+        _exact(fn, "frank", frank.shape[0], self.n_fpga_models, "one per FPGA model")
+        _in_range(fn, "req[R_GPUS]", req[R_GPUS], 0, _MAX_COUNT)
+        _in_range(fn, "req[R_FPGAS]", req[R_FPGAS], 0, _MAX_COUNT)
+        _at_least(fn, "status", status.shape[0], self.n_nodes, "one per node")
+        cdef Py_ssize_t i
+        with nogil:
+            for i in range(self.n_nodes):
+                status[i] = <int8_t>self._static(i, req, mrank, frank)
 
     def state(self):
         """Copies of the live state arrays: dict of name to numpy array."""

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from hetslurm.errors import ConfigError, TestbedError
 from hetslurm.placement.model import ClusterModel
-from hetslurm.simulate.engine import replay
+from hetslurm.simulate.easy import replay
 from hetslurm.simulate.params import BACKFILLS, Params, load_params
 from hetslurm.simulate.traces import TraceJob
 from hetslurm.simulate.workload import SimJob, build_jobs, node_weights, partition_nodes

@@ -362,6 +362,31 @@ def evaluate_nodes(
     return _evaluate(model.core(), model.n_nodes, kr)
 
 
+def static_fit(
+    model: ClusterModel, request: Request | KernelRequest, weights: ScoreWeights | None = None,
+    *, core: PlacementCore | None = None,
+) -> npt.NDArray[np.int8]:
+    """Which nodes could ever hold one share of ``request``, whatever is free: per node
+    ``ST_FITS`` (0), or the first constraint no free state changes (codes as
+    :data:`~hetslurm.placement.model.STATUSES`: unavailable, cpu_only, gpu_model, gpu_count,
+    gpu_mem, fpga_model, fpga_count). A node that fails it fails :func:`evaluate_nodes` on
+    every state.
+
+    Args:
+        core: a core of ``model``'s arrays to ask instead of ``model.core()`` (its
+            availability counts, e.g. a partition's mask; its free state does not).
+
+    Raises:
+        PlacementError: The request is malformed (see :func:`compile_request`).
+    """
+    kr = request if isinstance(request, KernelRequest) else compile_request(model, request,
+                                                                            weights)
+    req, mrank, frank, _ = _arrays(kr)
+    status = np.zeros(model.n_nodes, dtype=np.int8)
+    (model.core() if core is None else core).static_fit(req, mrank, frank, status)
+    return status
+
+
 def _evaluate(core: PlacementCore, n: int, kr: KernelRequest) -> NodeEvaluation:
     status = np.zeros(n, dtype=np.int8)
     terms = np.zeros(max(n * N_T, 1), dtype=np.int64)

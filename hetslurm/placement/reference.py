@@ -333,6 +333,31 @@ class RefPlacement:
     statuses: tuple[int, ...] = field(default_factory=tuple)
 
 
+def static_fit_reference(pc: PlainCluster, i: int, kr: KernelRequest) -> int:
+    """Node ``i``'s static status for ``kr`` exactly as ``PlacementCore.static_fit`` gives
+    it: the tests of :func:`evaluate_node_reference` that read no free state."""
+    ga, gb = pc.gpu_off[i], pc.gpu_off[i + 1]
+    fa, fb = pc.fpga_off[i], pc.fpga_off[i + 1]
+    if not pc.available[i]:
+        return _ST["unavailable"]
+    if kr.cpu_only and (gb > ga or fb > fa):
+        return _ST["cpu_only"]
+    gm, fm = pc.gpu_model[i], pc.fpga_model[i]
+    if kr.gpus > 0:
+        if gm < 0 or kr.gpu_rank[gm] < 0:
+            return _ST["gpu_model"]
+        if gb - ga < kr.gpus:
+            return _ST["gpu_count"]
+        if sum(pc.gpu_mem[j] >= kr.min_gpu_mem_mib for j in range(ga, gb)) < kr.gpus:
+            return _ST["gpu_mem"]
+    if kr.fpgas > 0:
+        if fm < 0 or kr.fpga_rank[fm] < 0:
+            return _ST["fpga_model"]
+        if fb - fa < kr.fpgas:
+            return _ST["fpga_count"]
+    return _ST["fits"]
+
+
 def evaluate_node_reference(
     pc: PlainCluster, i: int, kr: KernelRequest, *, bruteforce: bool = False
 ) -> NodeChoice:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from hetslurm.placement.model import ClusterModel
-from hetslurm.simulate.engine import ReplayResult
+from hetslurm.simulate.loop import ReplayResult
 
 
 def measure(model: ClusterModel, result: ReplayResult) -> dict[str, Any]:

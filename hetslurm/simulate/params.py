@@ -21,7 +21,7 @@ from hetslurm.textfile import read_text_file
 SCHEMA = "hetslurm-simulate-params/1"
 #: The replay's backfill models (``[scheduler] backfill``): ``slurm``, Slurm 22.05's rules
 #: (:mod:`hetslurm.simulate.slurm_backfill`, what ``simulate --validate`` checks against
-#: the testbed), and ``easy``, EASY backfill (:mod:`hetslurm.simulate.engine`).
+#: the testbed), and ``easy``, EASY backfill (:mod:`hetslurm.simulate.easy`).
 BACKFILLS = ("slurm", "easy")
 POLICIES = ("slurm-default", "hetslurm")
 SCORE_KEYS = ("model", "islands", "numa", "leftover", "load", "energy", "weight")

@@ -9,10 +9,11 @@ from typing import Any
 
 from hetslurm.errors import ConfigError
 from hetslurm.placement.model import ClusterModel
-from hetslurm.simulate.engine import ReplayResult, replay
+from hetslurm.simulate.easy import Easy
+from hetslurm.simulate.loop import Backfill, ReplayResult, replay
 from hetslurm.simulate.measures import measure
 from hetslurm.simulate.params import Params
-from hetslurm.simulate.slurm_backfill import replay_slurm
+from hetslurm.simulate.slurm_backfill import SlurmRules
 from hetslurm.simulate.traces import Trace
 from hetslurm.simulate.workload import SimJob, build_jobs, node_weights, partition_nodes
 from hetslurm.site.model import Site
@@ -44,11 +45,16 @@ def run_replay(params: Params, model: ClusterModel, jobs: Sequence[SimJob],
                backfill: str | None = None,
                progress: Callable[[int], None] | None = None) -> ReplayResult:
     """One replay with the backfill model ``backfill`` (default: ``[scheduler] backfill``)."""
-    if (backfill or params.backfill) == "slurm":
-        return replay_slurm(model, jobs, parts, backfill_depth=params.backfill_depth,
-                            window_s=params.backfill_window_s, load=load, progress=progress)
-    return replay(model, jobs, parts, backfill_depth=params.backfill_depth, load=load,
+    return replay(model, jobs, parts, backfill_model(params, backfill), load=load,
                   progress=progress)
+
+
+def backfill_model(params: Params, name: str | None = None) -> Backfill:
+    """The loop's plug-in for the backfill model ``name`` (default: ``[scheduler]
+    backfill``), with the parameter file's depth and window."""
+    if (name or params.backfill) == "slurm":
+        return SlurmRules(params.backfill_depth, params.backfill_window_s)
+    return Easy(params.backfill_depth)
 
 
 def simulate(

@@ -211,7 +211,12 @@ def request_for(c: Classified, policy: PolicyParams, params: Params, site: Site,
     )
     partition = policy.cpu_partition if cpu_only else policy.gpu_partition
     if policy.use_classes:
-        req = resolve(req, site)
+        # Alibaba pods may ask 0 MiB, which the #HET grammar cannot say (mem=0 is Slurm's
+        # "the whole node"): the hook's meaning does not read memory, so resolve without it
+        # and keep the trace's 0 for placement.
+        mem = req.mem_per_node_mib
+        req = replace(resolve(replace(req, mem_per_node_mib=mem or None), site),
+                      mem_per_node_mib=mem)
         if partition == "class":
             partition = req.partition or "*"
     elif partition == "class":

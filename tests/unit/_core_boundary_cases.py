@@ -19,7 +19,7 @@ import numpy as np
 Case = tuple[str, str, Callable[[], object]]
 
 KERNELS = ("choose_gpus", "choose_gpus_batch", "PlacementCore", "place", "place_batch",
-           "evaluate")
+           "evaluate", "static_fit")
 
 
 def _i32(*v: int) -> Any:
@@ -345,6 +345,36 @@ def _evaluate(core: Any, model: Any) -> list[Case]:
     ]
 
 
+def _static_fit(core: Any, model: Any) -> list[Case]:
+    pc = model.new_core()
+    req, mrank, frank, _ = _request(model, gpus_per_node=2, cores_per_node=2)
+    n = model.n_nodes
+    bad_req = req.copy()
+    bad_req[0] = -1
+
+    def call(status: Any = None, r: Any = req, m: Any = mrank) -> object:
+        return pc.static_fit(r, m, frank, np.zeros(n, np.int8) if status is None else status)
+
+    return [
+        ("short status",
+         "ValueError: PlacementCore.static_fit: status has 2 entries, needs at least 3 (one "
+         "per node)",
+         lambda: call(status=np.zeros(2, np.int8))),
+        ("short req",
+         "ValueError: PlacementCore.static_fit: req has 3 entries, expected 10 (N_REQ)",
+         lambda: call(r=req[:3].copy())),
+        ("short mrank",
+         f"ValueError: PlacementCore.static_fit: mrank has 0 entries, expected "
+         f"{len(mrank)} (one per GPU model)",
+         lambda: call(m=mrank[:0].copy())),
+        ("negative GPUs",
+         "ValueError: PlacementCore.static_fit: req[R_GPUS] is -1, must be in "
+         "[0, 2147483648]",
+         lambda: call(r=bad_req)),
+        ("valid call after the refusals", "returned None", lambda: call()),
+    ]
+
+
 def cases(kernel: str) -> list[Case]:
     """The cases of one kernel (name, expected outcome, call)."""
     import hetslurm._core as core
@@ -355,7 +385,7 @@ def cases(kernel: str) -> list[Case]:
         return _choose_gpus_batch(core)
     model = _model()
     table = {"PlacementCore": _placement_core, "place": _place, "place_batch": _place_batch,
-             "evaluate": _evaluate}
+             "evaluate": _evaluate, "static_fit": _static_fit}
     return table[kernel](core, model)
 
 

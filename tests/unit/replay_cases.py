@@ -14,7 +14,7 @@ import pytest
 from hetslurm.placement.model import ClusterModel, KernelRequest
 from hetslurm.placement.place import ScoreWeights, compile_request
 from hetslurm.request.language import Locality, Request
-from hetslurm.simulate.engine import ReplayResult
+from hetslurm.simulate.loop import ReplayResult
 from hetslurm.simulate.params import load_params
 from hetslurm.simulate.traces import Trace, read_trace
 from hetslurm.simulate.workload import SimJob, build_jobs, node_weights, partition_nodes

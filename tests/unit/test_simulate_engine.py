@@ -10,7 +10,7 @@ import pytest
 from hetslurm.placement.model import ClusterModel
 from hetslurm.placement.place import ScoreWeights, compile_request
 from hetslurm.request.language import Request
-from hetslurm.simulate.engine import replay
+from hetslurm.simulate.easy import replay
 from hetslurm.simulate.params import PolicyParams
 from hetslurm.simulate.workload import SimJob, node_weights
 from hetslurm.site.load import load_site

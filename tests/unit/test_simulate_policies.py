@@ -12,7 +12,7 @@ from test_simulate_engine import TOY
 from hetslurm.cli import cli
 from hetslurm.errors import ConfigError
 from hetslurm.placement.model import ClusterModel
-from hetslurm.simulate.engine import replay
+from hetslurm.simulate.easy import replay
 from hetslurm.simulate.params import Params, load_params
 from hetslurm.simulate.traces import TraceJob
 from hetslurm.simulate.workload import (
@@ -302,3 +302,13 @@ def test_alibaba_layout_has_a_speed_for_every_class_and_model() -> None:
     assert params.speed("language", "t4") == pytest.approx(2.98 * 320 / 732, abs=0.01)
     assert params.speed("language", "a10") == pytest.approx(2.98 * 600 / 732, abs=0.01)
     assert set(site.partitions) == {"cpu", "gpu"}
+
+
+def test_a_pod_asking_zero_memory_is_replayed_under_both_policies(toy: Site,
+                                                                  params: Params) -> None:
+    # Alibaba pods may ask 0 MiB; the #HET grammar has no mem=0, so the hook's meaning is
+    # asked without it, and placement still sees the trace's 0.
+    jobs = [TraceJob("z", 0, 10, 1, cores=1, mem_mib=0)]
+    built, dropped = build_jobs(jobs, "alibaba", toy, params, POLICIES)
+    assert sum(dropped.values()) == 0
+    assert [j.kr.mem_mib for p in POLICIES for j in built[p]] == [0, 0]

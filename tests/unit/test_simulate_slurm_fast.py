@@ -1,6 +1,6 @@
-"""The Slurm-rules replay's fast path (free counts per node, whole-node reservations kept
-per node) against its reference path (``fast=False``: a new placement core for every
-probe): the same starts, the same nodes, GPUs and cores for every job, the same numbers of
+"""The loop with Slurm's rules (free counts per node, whole-node reservations kept per node)
+against its reference twin (replay_reference.py: a new placement core for every probe):
+the same starts, the same nodes, GPUs and cores for every job, the same numbers of
 reservations and backfilled jobs, with and without a backfill window."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 from replay_cases import outcome, synthetic, trace_jobs
+from replay_reference import replay_slurm_reference
 
 from hetslurm.placement.model import ClusterModel
-from hetslurm.simulate.engine import ReplayResult
+from hetslurm.simulate.loop import ReplayResult
 from hetslurm.simulate.slurm_backfill import replay_slurm
 from hetslurm.simulate.workload import SimJob, partition_nodes
 from hetslurm.site.load import load_site
@@ -24,8 +25,8 @@ SITE = ROOT / "site-configs" / "case-study.toml"
 def _same(model: ClusterModel, jobs: list[SimJob], parts: dict[str, tuple[int, ...]],
           depth: int, load: float, window: float = math.inf) -> ReplayResult:
     fast = replay_slurm(model, jobs, parts, backfill_depth=depth, load=load, window_s=window)
-    slow = replay_slurm(model, jobs, parts, backfill_depth=depth, load=load, window_s=window,
-                        fast=False)
+    slow = replay_slurm_reference(model, jobs, parts, backfill_depth=depth, load=load,
+                                  window_s=window)
     assert outcome(fast) == outcome(slow)
     for key in ("passes", "reservations", "backfilled", "queue_area", "saturated_s",
                 "saturated_completions"):

@@ -11,7 +11,7 @@ import pytest
 from hetslurm.placement.model import ClusterModel
 from hetslurm.placement.place import ScoreWeights, compile_request
 from hetslurm.request.language import Request
-from hetslurm.simulate.engine import replay
+from hetslurm.simulate.easy import replay
 from hetslurm.simulate.measures import measure
 from hetslurm.simulate.params import PolicyParams
 from hetslurm.simulate.slurm_backfill import replay_slurm
