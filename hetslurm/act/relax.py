@@ -250,25 +250,11 @@ def _ask(job: JobInfo, req: Request, rec: DecisionRecord, site: Site,
 
 def _partition_model(model: ClusterModel, backend_parts: Mapping[str, tuple[str, ...]],
                      partition: str | None) -> ClusterModel:
-    """``model`` with nodes outside the job's partition(s) unavailable."""
-    if not partition:
-        return model
-    import numpy as np
-
-    from hetslurm.placement.model import StateArrays
-
+    """``model`` with nodes outside the job's partition(s), as Slurm has them, unavailable."""
     allowed: set[str] = set()
-    for p in partition.split(","):
+    for p in (partition or "").split(","):
         allowed.update(backend_parts.get(p, ()))
-    if not allowed:
-        return model
-    st = model.state
-    avail = np.array(st.available, dtype=np.uint8)
-    for i, name in enumerate(model.names):
-        if name not in allowed:
-            avail[i] = 0
-    return model.with_arrays(StateArrays(avail, st.gpu_free, st.fpga_free, st.core_free,
-                                         st.mem_free_mib, st.free_at, time=st.time))
+    return model.only(allowed) if allowed else model.only(model.names)
 
 
 def consume(model: ClusterModel, placement: Placement, request: Request) -> ClusterModel:

@@ -44,7 +44,7 @@ time a running job on the node ends, ``inf`` when none is known to.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -469,6 +469,18 @@ class ClusterModel:
                 out._cache["live"] = self._cache["live"]
         self._cache[key] = out
         return out
+
+    def only(self, nodes: Iterable[str]) -> ClusterModel:
+        """The cluster with every node outside ``nodes`` unavailable, for a caller that has
+        decided where the job may run (Slurm's live partitions, a simulated policy): the
+        site's partitions no longer narrow it in :func:`~hetslurm.placement.place.place`."""
+        allowed = set(nodes)
+        st = self.state
+        avail = np.asarray([bool(a) and n in allowed for n, a in zip(self.names, st.available,
+                                                                     strict=True)],
+                           dtype=np.uint8)
+        out = replace(self, partitions={}, default_partition=None, _cache={})
+        return out.with_arrays(replace(st, available=avail))
 
     def empty(self) -> ClusterModel:
         """The same cluster with nothing running and every node available (cached: "cannot

@@ -301,19 +301,9 @@ def partition_nodes(site: Site, model: ClusterModel, name: str) -> tuple[int, ..
 
 def _fits_empty(model: ClusterModel, req: Request, partition: str, site: Site,
                 pol: PolicyParams) -> bool:
-    import numpy as np
-
-    from hetslurm.placement.model import StateArrays
-
+    # The policy's partition decides here (it may be '*'), not the request's own.
     idx = partition_nodes(site, model, partition)
-    available = np.zeros(model.n_nodes, dtype=np.uint8)
-    available[list(idx)] = 1
-    s = model.state
-    # The policy's partition decides here (it may be '*'), not the request's own: a model
-    # without partitions, so place() does not narrow it again.
-    masked = replace(model, partitions={}, default_partition=None, _cache={}).with_arrays(
-        StateArrays(available, s.gpu_free, s.fpga_free, s.core_free, s.mem_free_mib,
-                    s.free_at))
+    masked = model.only(model.names[i] for i in idx)
     try:
         return place(masked, req, score_weights(pol)).placeable
     except PlacementError:

@@ -33,6 +33,7 @@ from hetslurm.placement.place import place
 from hetslurm.request.language import parse_request, resolve
 from hetslurm.site import Site, load_site
 from hetslurm.site.model import NodeSpec
+from hetslurm.slurm.units import parse_gres
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = 20261203
@@ -50,17 +51,7 @@ def demo() -> Site:
 
 def _gres(tres_per_node: str | None) -> list[tuple[str, str | None, int]]:
     """``gres:gpu:a100:2,gres:fpga:1`` -> [(kind, model or None, count)]."""
-    out: list[tuple[str, str | None, int]] = []
-    for entry in (tres_per_node or "").split(","):
-        if not entry:
-            continue
-        parts = entry.split(":")
-        assert parts[0] == "gres", entry
-        kind, rest = parts[1], parts[2:]
-        count = int(rest[-1]) if rest and rest[-1].isdigit() else 1
-        model = rest[0] if len(rest) == 2 else None
-        out.append((kind, model, count))
-    return out
+    return [(it.name, it.type, it.count) for it in parse_gres(tres_per_node)]
 
 
 def _features_hold(expr: str | None, have: set[str]) -> bool:

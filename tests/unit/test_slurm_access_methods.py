@@ -5,12 +5,11 @@ with stand-in commands and on the fake; the parsers on recorded and 22.05-format
 
 from __future__ import annotations
 
-import os
-import stat
 from datetime import datetime
 from pathlib import Path
 
 import pytest
+from _slurm_stubs import stub_backend
 
 from hetslurm.act.output_mode import SlurmOutputProbe
 from hetslurm.errors import CommandError
@@ -68,21 +67,11 @@ esac
 
 @pytest.fixture()
 def cli(tmp_path: Path) -> CliBackend:
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    for name in COMMANDS:
-        exe = bindir / name
-        exe.write_text(STUB)
-        exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-    env = {
-        "PATH": f"{bindir}:{os.environ['PATH']}",
-        "SLURM_CONF": "/clusters/test/slurm.conf",
-        "HB_DATA": str(DATA),
-        "HB_LOG": str(tmp_path / "log"),
-        "HB_CONFIG": CONFIG, "HB_PING": PING_UP, "HB_SINFO": SINFO_STATES,
-        "HB_SQUEUE": SQUEUE_IDS, "HB_SCRIPT": SCRIPT, "HB_ASSOC": ASSOC,
-    }
-    return CliBackend(env, timeout=20)
+    return stub_backend(tmp_path, STUB, COMMANDS,
+                        SLURM_CONF="/clusters/test/slurm.conf", HB_DATA=str(DATA),
+                        HB_LOG=str(tmp_path / "log"), HB_CONFIG=CONFIG, HB_PING=PING_UP,
+                        HB_SINFO=SINFO_STATES, HB_SQUEUE=SQUEUE_IDS, HB_SCRIPT=SCRIPT,
+                        HB_ASSOC=ASSOC)
 
 
 def ran(b: CliBackend) -> list[str]:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
 import pytest
+from _slurm_stubs import stub_backend
 
 from hetslurm.errors import BackendError, CommandError
 from hetslurm.slurm import get_backend
@@ -41,19 +40,10 @@ esac
 
 @pytest.fixture()
 def backend(tmp_path: Path) -> CliBackend:
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    for name in ("sinfo", "squeue", "scontrol", "sacctmgr", "sbatch", "scancel"):
-        exe = bindir / name
-        exe.write_text(STUB)
-        exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-    env = {
-        "PATH": f"{bindir}:{os.environ['PATH']}",
-        "SLURM_CONF": "/clusters/test/slurm.conf",
-        "HB_DATA": str(DATA),
-        "HB_LOG": str(tmp_path / "log"),
-    }
-    return CliBackend(env, timeout=20)
+    return stub_backend(tmp_path, STUB,
+                        ("sinfo", "squeue", "scontrol", "sacctmgr", "sbatch", "scancel"),
+                        SLURM_CONF="/clusters/test/slurm.conf", HB_DATA=str(DATA),
+                        HB_LOG=str(tmp_path / "log"))
 
 
 def calls(backend: CliBackend) -> list[str]:

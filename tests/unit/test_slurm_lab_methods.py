@@ -10,11 +10,10 @@ tests/data/slurm/sacct.json."""
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 
 import pytest
+from _slurm_stubs import stub_backend
 
 from hetslurm.errors import CommandError
 from hetslurm.slurm import (
@@ -117,15 +116,8 @@ esac
 
 @pytest.fixture()
 def cli(tmp_path: Path) -> CliBackend:
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    for name in COMMANDS:
-        exe = bindir / name
-        exe.write_text(STUB)
-        exe.chmod(exe.stat().st_mode | stat.S_IEXEC)
-    env = {"PATH": f"{bindir}:{os.environ['PATH']}", "HB_DATA": str(DATA),
-           "HB_LOG": str(tmp_path / "log"), "HB_SDIAG": SDIAG}
-    return CliBackend(env, timeout=20)
+    return stub_backend(tmp_path, STUB, COMMANDS, HB_DATA=str(DATA),
+                        HB_LOG=str(tmp_path / "log"), HB_SDIAG=SDIAG)
 
 
 def ran(b: CliBackend) -> list[str]:
