@@ -16,14 +16,10 @@ Anything else is ``unknown``, which the policy treats as "not append" (skip and 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from hetslurm.errors import HetslurmError
 from hetslurm.slurm import SlurmBackend
-
-#: ``append``, ``truncate`` (the script says so), ``discarded`` (/dev/null) or ``unknown``.
-OutputProbe = Callable[[str], str]
-
 
 
 def script_open_mode(script: str) -> str | None:

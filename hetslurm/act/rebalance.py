@@ -27,11 +27,11 @@ from hetslurm.act import ActError, LockBusy
 from hetslurm.act.drift import DriftReport, drift
 from hetslurm.act.lock import RunLock
 from hetslurm.act.log import ActionLog
-from hetslurm.act.output_mode import OutputProbe
 from hetslurm.act.relax import RelaxOutcome, RelaxPlan, apply_relax, plan_relax
 from hetslurm.act.run import StallRequest, context_for, requeue_stalled
 from hetslurm.act.stall import RunResult
 from hetslurm.errors import ConfigError
+from hetslurm.policy.stall import OutputProbe
 from hetslurm.site.schema import Rebalance
 from hetslurm.slurm.backend import JobInfo, NodeInfo, SlurmBackend
 

@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from hetslurm.act.log import ActionLog
-from hetslurm.act.stall import decision_record
 from hetslurm.errors import HetslurmError
+from hetslurm.policy.stall import decision_record
 from hetslurm.request.record import DecisionRecord
 from hetslurm.slurm.backend import JobInfo, NotFoundError, SlurmBackend, Switches
 from hetslurm.slurm.units import GresItem

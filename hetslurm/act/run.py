@@ -11,8 +11,8 @@ from typing import Any
 
 from hetslurm.act.lock import RunLock
 from hetslurm.act.log import ActionLog
-from hetslurm.act.output_mode import OutputProbe
-from hetslurm.act.stall import Context, RunResult, SiteModels, execute, plan
+from hetslurm.act.stall import RunResult, execute, plan
+from hetslurm.policy.stall import Context, OutputProbe, SiteModels
 from hetslurm.site.model import Site
 from hetslurm.site.schema import Stall, Usage
 from hetslurm.slurm.backend import SlurmBackend

@@ -1,7 +1,7 @@
 """The idle rule: when a GPU sample counts as idle, and when a whole job is idle.
 
 Shared by the audit (its idle tables, ``hetslurm.audit.tables``) and ``act`` (the stall
-verdict, ``hetslurm.act.stall``), so a job the audit calls idle is the job ``act`` may
+verdict, :mod:`hetslurm.policy.stall`), so a job the audit calls idle is the job ``act`` may
 requeue; the simulator will use the same rule. Definitions (docs/metrics-and-audit.md,
 ``[usage]`` in the site file):
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from hetslurm.act.stall import Context
+from hetslurm.policy.stall import Context
 from hetslurm.site.schema import Stall, Usage
 from hetslurm.slurm.backend import JobInfo, NodeInfo
 from hetslurm.slurm.fake import FakeSlurm

@@ -18,8 +18,9 @@ from _act_fixtures import NOW, append_probe, cluster, ctx, job, samples
 
 from hetslurm.act.log import ActionLog
 from hetslurm.act.run import context_for
-from hetslurm.act.stall import Context, SiteModels, execute, plan
+from hetslurm.act.stall import execute, plan
 from hetslurm.errors import BackendError
+from hetslurm.policy.stall import Context, SiteModels
 from hetslurm.site import load_site
 from hetslurm.slurm.backend import JobInfo, JobRef
 from hetslurm.slurm.fake import FakeSlurm

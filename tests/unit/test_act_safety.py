@@ -18,9 +18,10 @@ from hetslurm.act.log import ActionLog
 from hetslurm.act.notify import notifier_argv
 from hetslurm.act.output_mode import script_open_mode
 from hetslurm.act.run import StallRequest, requeue_stalled
-from hetslurm.act.stall import Context, execute, plan
+from hetslurm.act.stall import execute, plan
 from hetslurm.cli import cli
 from hetslurm.errors import ConfigError
+from hetslurm.policy.stall import Context
 from hetslurm.site import load_site
 from hetslurm.site.schema import Usage
 

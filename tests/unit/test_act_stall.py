@@ -13,8 +13,9 @@ import pytest
 from _act_fixtures import HOUR, NOW, append_probe, cluster, ctx, job, samples
 
 from hetslurm.act.log import ActionLog
-from hetslurm.act.stall import execute, gate, plan
+from hetslurm.act.stall import execute, plan
 from hetslurm.errors import BackendError
+from hetslurm.policy.stall import gate
 from hetslurm.site.schema import Usage
 from hetslurm.slurm.fake import FakeSlurm
 from hetslurm.slurm.units import GresItem
@@ -340,7 +341,7 @@ def test_a_record_that_reads_differently_is_not_trusted(tmp_path: Path) -> None:
 def test_decision_record_with_two_markers_is_not_trusted() -> None:
     """Issue 18, finding 3 (the reader's side): a field holding two record markers (one
     forged before the hook refused them) gives no record, not the first segment."""
-    from hetslurm.act.stall import decision_record
+    from hetslurm.policy.stall import decision_record
 
     honest = 'hetslurm:{"v":1,"outcome":"rewrite","on_idle":"notify"}'
     rec = decision_record(job(1, admin_comment=honest))

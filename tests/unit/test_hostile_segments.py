@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from hetslurm.act.stall import idle_evidence
 from hetslurm.errors import MetricsError
 from hetslurm.metrics.samples import COLUMNS, arrow_schema
 from hetslurm.metrics.store import SegmentStore, day_of
+from hetslurm.policy.stall import idle_evidence
 from hetslurm.site.schema import Usage
 
 T0 = 1_796_000_000.0

@@ -45,7 +45,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "slurm": frozenset({"common"}),
     "request": frozenset({"site", "common"}),
     "placement": frozenset({"site", "request", "common"}),
-    "policy": frozenset({"site", "request", "placement", "metrics", "common"}),
+    "policy": frozenset({"site", "request", "placement", "metrics", "slurm", "common"}),
     "hook": frozenset({"site", "request", "placement", "slurm", "common"}),
     "levers": frozenset({"site", "slurm", "common"}),
     "metrics": frozenset({"site", "slurm", "common"}),
