@@ -87,13 +87,18 @@ class ActionLog:
     def check(self) -> None:
         """Refuse the log now, before a run reads Slurm or acts, if it exists and cannot be
         trusted (see :meth:`entries`)."""
+        fd = self._open_to_read()
+        if fd is not None:
+            os.close(fd)
+
+    def _open_to_read(self) -> int | None:
+        """A descriptor of the checked log; ``None`` when there is no log yet."""
         try:
-            fd = fsguard.open_checked(self.path, os.O_RDONLY, "action log", self.trusted)
+            return fsguard.open_checked(self.path, os.O_RDONLY, "action log", self.trusted)
         except FileNotFoundError:
-            return
+            return None
         except OSError as exc:
             raise ActError(f"cannot read action log {self.path}: {exc.strerror}") from exc
-        os.close(fd)
 
     def append(self, kind: str, entry: Mapping[str, Any]) -> dict[str, Any]:
         """Write one entry (``kind`` and ``logged_at``, wall-clock epoch, are added)."""
@@ -132,12 +137,9 @@ class ActionLog:
             ActError: it exists and cannot be read.
         """
         self.skipped = Counter()
-        try:
-            fd = fsguard.open_checked(self.path, os.O_RDONLY, "action log", self.trusted)
-        except FileNotFoundError:
+        fd = self._open_to_read()
+        if fd is None:
             return
-        except OSError as exc:
-            raise ActError(f"cannot read action log {self.path}: {exc.strerror}") from exc
         with os.fdopen(fd, "rb") as fh:
             while True:
                 raw = fh.readline(MAX_LINE + 1)

@@ -14,7 +14,8 @@ from typing import Any
 from hetslurm.errors import HetslurmError
 from hetslurm.process import run_command
 
-PLACEHOLDERS = ("{job}", "{user}", "{action}", "{rule}")
+#: What ``{name}`` a notify_command element may hold.
+PLACEHOLDERS = ("job", "user", "action", "rule")
 #: Longest placeholder value put into an argument, and longest notifier stderr kept in the
 #: action log (characters).
 MAX_VALUE = 256
@@ -36,7 +37,7 @@ def notifier_argv(template: Sequence[str], values: Mapping[str, str]) -> list[st
     sequence would reach whatever the notifier prints."""
     out = []
     for element in template:
-        for name in ("job", "user", "action", "rule"):
+        for name in PLACEHOLDERS:
             element = element.replace("{" + name + "}", clean(values.get(name, ""), MAX_VALUE))
         out.append(element)
     return out
@@ -47,8 +48,7 @@ def send(template: Sequence[str], payload: Mapping[str, Any], *, timeout: float,
     """Run the notifier; ``(ok, detail)`` and never an exception."""
     if not template:
         return True, "no notify_command: logged only"
-    argv = notifier_argv(template, {k: str(payload.get(k) or "") for k in
-                                    ("job", "user", "action", "rule")})
+    argv = notifier_argv(template, {k: str(payload.get(k) or "") for k in PLACEHOLDERS})
     try:
         # JSON escapes every control character (ensure_ascii), so names and comments reach
         # the notifier's stdin as data, whatever bytes they hold.

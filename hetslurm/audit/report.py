@@ -7,6 +7,8 @@ import base64
 import html
 import json
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -101,40 +103,35 @@ def plot(result: AuditResult, folder: str | Path) -> list[Path]:
     d.mkdir(parents=True, exist_ok=True)
     out: list[Path] = []
 
-    def save(fig: Any, name: str) -> None:
-        p = d / name
+    @contextmanager
+    def chart(name: str, title: str, ylabel: str) -> Iterator[Any]:
+        """Axes to draw on; titled, labelled and written to ``name`` afterwards."""
+        fig, ax = plt.subplots(figsize=(7, 4))
+        yield ax
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
         fig.tight_layout()
-        fig.savefig(p, dpi=100)
+        fig.savefig(d / name, dpi=100)
         plt.close(fig)
-        out.append(p)
+        out.append(d / name)
 
     m = result.tables["by_gpu_model"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if len(m):
-        cols = ["allocated_gpu_hours", "used_gpu_hours", "busy_gpu_hours", "idle_gpu_hours"]
-        m.set_index("gpu_model")[cols].astype(float).plot.bar(ax=ax)
-    ax.set_title("GPU-hours by model")
-    ax.set_ylabel("GPU-hours")
-    save(fig, "gpu_hours_by_model.png")
-
+    with chart("gpu_hours_by_model.png", "GPU-hours by model", "GPU-hours") as ax:
+        if len(m):
+            cols = ["allocated_gpu_hours", "used_gpu_hours", "busy_gpu_hours", "idle_gpu_hours"]
+            m.set_index("gpu_model")[cols].astype(float).plot.bar(ax=ax)
     w = result.tables["wait"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if len(w):
-        lab = w["class"].astype(str).replace("", "-") + "/" + w["gpu_model"].astype(str)
-        ax.bar(lab, w["mean_wait_s"].astype(float))
-        ax.tick_params(axis="x", rotation=45)
-    ax.set_title("Mean wait by class / device model")
-    ax.set_ylabel("seconds")
-    save(fig, "wait_by_class.png")
-
+    with chart("wait_by_class.png", "Mean wait by class / device model", "seconds") as ax:
+        if len(w):
+            lab = w["class"].astype(str).replace("", "-") + "/" + w["gpu_model"].astype(str)
+            ax.bar(lab, w["mean_wait_s"].astype(float))
+            ax.tick_params(axis="x", rotation=45)
     f = result.tables["fragmentation"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if len(f):
-        f.set_index("gpu_model")[["stranded_gpu_hours", "free_on_idle_nodes_gpu_hours"]
-                                 ].astype(float).plot.bar(ax=ax, stacked=True)
-    ax.set_title("Free GPU-hours: stranded on partly used nodes vs whole free nodes")
-    ax.set_ylabel("GPU-hours")
-    save(fig, "fragmentation.png")
+    with chart("fragmentation.png", "Free GPU-hours: stranded on partly used nodes vs whole "
+               "free nodes", "GPU-hours") as ax:
+        if len(f):
+            f.set_index("gpu_model")[["stranded_gpu_hours", "free_on_idle_nodes_gpu_hours"]
+                                     ].astype(float).plot.bar(ax=ax, stacked=True)
     return out
 
 

@@ -15,11 +15,9 @@ million-job document never becomes a million nested dicts.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-import msgspec
 
 from hetslurm.errors import BackendError, HetslurmError, MetricsError
 from hetslurm.request.record import DecisionRecord, find_record
@@ -62,28 +60,6 @@ def read_accounting(env: Mapping[str, str] | None, since: float, until: float) -
         raise MetricsError(f"sacct failed: {exc}") from exc
 
 
-def split_sacct_jobs(text: str | bytes) -> list[msgspec.Raw]:
-    """The raw JSON of each element of the top-level ``jobs`` array of a sacct document.
-
-    Raises :class:`MetricsError` with one clear sentence when the document is not a JSON
-    object with a ``jobs`` array: empty, garbage, truncated, or not JSON at all.
-    """
-    return _records(text).raws
-
-
-def _records(text: str | bytes) -> SacctRecords:
-    try:
-        return parse_sacct_document(text)
-    except SacctDocumentError as exc:
-        raise MetricsError(str(exc)) from exc
-
-
-def iter_sacct_jobs(text: str | bytes) -> Iterator[Any]:
-    """Yield each element of the top-level ``jobs`` array of a sacct JSON document (as
-    plain Python objects); the whole document is checked before the first is yielded."""
-    yield from _records(text).plain()
-
-
 class ModelResolver:
     """A job's GPU model: its typed gres, else the models of its nodes in the site."""
 
@@ -122,10 +98,14 @@ def job_class(site: Site | None, partition: str | None,
 def parse_sacct_json(text: str | bytes, site: Site | None = None) -> SacctResult:
     """Parse sacct's JSON into :class:`SacctResult` (bad records skipped and counted).
 
-    Raises :class:`MetricsError` when the document as a whole is unusable (see
-    :func:`split_sacct_jobs`).
+    Raises :class:`MetricsError` with one clear sentence when the document is not a JSON
+    object with a ``jobs`` array: empty, garbage, truncated, or not JSON at all.
     """
-    return sacct_result(_records(text), site)
+    try:
+        records = parse_sacct_document(text)
+    except SacctDocumentError as exc:
+        raise MetricsError(str(exc)) from exc
+    return sacct_result(records, site)
 
 
 def sacct_result(records: SacctRecords, site: Site | None = None) -> SacctResult:

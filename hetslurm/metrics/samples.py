@@ -19,8 +19,6 @@ STATUS_UNMATCHED = "unmatched"  # NVML lists it, no gres.conf File= has its mino
 STATUS_ERROR = "error"  # any other NVML error
 STATUSES = (STATUS_OK, STATUS_NOT_SUPPORTED, STATUS_LOST, STATUS_MISSING, STATUS_MIG,
             STATUS_UNMATCHED, STATUS_ERROR)
-#: Statuses that mean the device is gone: the collector drains its node if told to.
-LOST_STATUSES = frozenset({STATUS_LOST, STATUS_MISSING})
 
 #: Column name -> Arrow type name; the order is the store's column order.
 COLUMNS: dict[str, str] = {

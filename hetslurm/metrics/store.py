@@ -290,15 +290,6 @@ class SegmentStore:
             return None
         return table, lo, hi
 
-    def read_tables(self, since: float | None = None, until: float | None = None,
-                    nodes: Iterable[str] | None = None, report: ReadReport | None = None,
-                    progress: Progress | None = None, columns: Sequence[str] | None = None
-                    ) -> Iterator[tuple[Segment, Any]]:
-        """Yield (segment, Arrow table) for every accepted segment in range."""
-        for seg, table, _lo, _hi in self._read_all(since, until, nodes, report, progress,
-                                                  columns):
-            yield seg, table
-
     def _read_all(self, since: float | None, until: float | None,
                   nodes: Iterable[str] | None, report: ReadReport | None,
                   progress: Progress | None, columns: Sequence[str] | None

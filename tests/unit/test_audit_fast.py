@@ -19,7 +19,7 @@ import pytest
 from test_audit_tables import job, sacct_doc
 
 from hetslurm.audit import tables as T
-from hetslurm.audit.sacct import MAX_LISTED_PROBLEMS, parse_sacct_json, split_sacct_jobs
+from hetslurm.audit.sacct import MAX_LISTED_PROBLEMS, parse_sacct_json
 from hetslurm.errors import MetricsError
 from hetslurm.policy import idle as idle_rule
 from hetslurm.site.schema import Usage
@@ -275,7 +275,7 @@ def test_every_truncation_is_one_clear_error() -> None:
 ])
 def test_broken_documents_say_what_is_wrong(text: str, why: str) -> None:
     with pytest.raises(MetricsError, match=why):
-        split_sacct_jobs(text)
+        parse_sacct_json(text)
 
 
 # ----------------------------------------------------------------- benchmark measure

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from hetslurm.audit.run import AuditRequest, run_audit
-from hetslurm.audit.sacct import iter_sacct_jobs, parse_sacct_json
+from hetslurm.audit.sacct import parse_sacct_json
 from hetslurm.errors import MetricsError
 from hetslurm.metrics.samples import COLUMNS
 from hetslurm.metrics.store import SegmentStore
@@ -187,7 +187,7 @@ def test_recorded_sacct_output_of_slurm_22_05_parses(site: Site) -> None:
                                   "{\"meta\": {}}"])
 def test_sacct_garbage_is_one_clear_error(text: str) -> None:
     with pytest.raises(MetricsError, match="sacct output"):
-        list(iter_sacct_jobs(text))
+        parse_sacct_json(text)
 
 
 def test_sacct_garbage_gives_a_partial_audit_not_a_crash(site: Site, data: tuple[Path, Path]
