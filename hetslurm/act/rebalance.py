@@ -18,6 +18,7 @@ phase or job is started; what was skipped is listed.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -244,14 +245,7 @@ def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalanc
                            "seconds": round(clock() - (deadline - budget), 3),
                            "stall_decisions": len(res.stall.decisions) if res.stall else None,
                            "relax_decisions": len(res.relax.decisions) if res.relax else None,
-                           "relax_results": _count(o.result for o in res.relax_outcomes),
+                           "relax_results": dict(Counter(o.result for o in res.relax_outcomes)),
                            "drift_changes": (len(res.drift.changes) if res.drift else None),
                            "skipped": res.skipped})
     return res
-
-
-def _count(values: Any) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for v in values:
-        out[v] = out.get(v, 0) + 1
-    return out

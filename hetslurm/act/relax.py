@@ -28,16 +28,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from hetslurm.act.log import ActionLog
 from hetslurm.errors import HetslurmError
-from hetslurm.policy.stall import decision_record
+from hetslurm.policy.stall import decision_record, gres_text
 from hetslurm.request.record import DecisionRecord
 from hetslurm.slurm.backend import JobInfo, NotFoundError, SlurmBackend, Switches
-from hetslurm.slurm.units import GresItem
 
 if TYPE_CHECKING:
     from hetslurm.placement.model import ClusterModel
@@ -78,7 +77,7 @@ class Snapshot:
     @classmethod
     def of(cls, job: JobInfo) -> Snapshot:
         return cls(state=job.state, reason=job.reason, name=job.name, restarts=job.restarts,
-                   features=job.features, prefer=job.prefer, gres=_gres_text(job.tres_per_node),
+                   features=job.features, prefer=job.prefer, gres=gres_text(job.tres_per_node),
                    switches=_switch_text(job.switches))
 
 
@@ -126,10 +125,6 @@ class RelaxPlan:
 
 
 # ----------------------------------------------------------------------------- reading
-def _gres_text(items: Iterable[GresItem]) -> str:
-    return ",".join(it.to_slurm() for it in items)
-
-
 def _switch_text(sw: Switches | None) -> str | None:
     if sw is None:
         return None
@@ -509,7 +504,7 @@ def _relax_one(backend: SlurmBackend, d: RelaxDecision, log: ActionLog, now: flo
         except NotFoundError:
             return record("not-changed", "the job vanished after the edit")
         seen = (f"state {j.state}, features {j.features!r}, gres "
-                f"{_gres_text(j.tres_per_node)!r}, prefer {j.prefer!r}, switches "
+                f"{gres_text(j.tres_per_node)!r}, prefer {j.prefer!r}, switches "
                 f"{_switch_text(j.switches)!r}")
         if j.state in ("RUNNING", "CONFIGURING", "COMPLETING", "COMPLETED"):
             return record("done", f"started: {seen}")

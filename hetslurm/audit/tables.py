@@ -45,13 +45,6 @@ class AuditResult:
     def partial(self) -> bool:
         return bool(self.meta.get("partial"))
 
-    def document(self) -> dict[str, Any]:
-        """One JSON-able object: ``meta`` and each table as a list of row objects."""
-        out: dict[str, Any] = {"meta": self.meta}
-        for name, frame in self.tables.items():
-            out[name] = records(frame)
-        return out
-
 
 def records(frame: Any) -> list[dict[str, Any]]:
     import pandas as pd
@@ -68,10 +61,6 @@ def records(frame: Any) -> list[dict[str, Any]]:
                 clean[k] = v
         rows.append(clean)
     return rows
-
-
-def _h(seconds: Any) -> Any:
-    return seconds / 3600.0
 
 
 def per_job(s: Any) -> Any:

@@ -125,15 +125,9 @@ def idle_evidence(jobs: Sequence[JobInfo], samples: Any, usage: Usage, *, window
     import numpy as np
     import pandas as pd
 
-    from hetslurm.policy.idle import (
-        interval_cap,
-        judge_windows,
-        prepare_jobs,
-        prepare_samples,
-    )
+    from hetslurm.policy.idle import interval_cap, judge_windows, prepare_jobs, prepare_samples
 
     cap = interval_cap(None) if max_interval_s is None else max_interval_s
-
     since = now - window_s
     w_usage = usage.model_copy(update={"idle_window_s": window_s})
     rows = []
@@ -170,14 +164,12 @@ def idle_evidence(jobs: Sequence[JobInfo], samples: Any, usage: Usage, *, window
     out: dict[int, Evidence] = {}
     stats: dict[int, dict[str, Any]] = {}
     if s is not None and len(s):
-        g = s.groupby(s["job_id"].astype("int64"))
-        util = s["utilization_pct"].astype("float64").where(s["known"])
+        job_id = s["job_id"].astype("int64")
+        util = s["utilization_pct"].astype("float64").where(s["known"]).groupby(job_id)
         stats_frame = pd.DataFrame({
-            "n": g.size(), "known": g["known"].sum(),
-            "mean": util.groupby(s["job_id"].astype("int64")).mean(),
-            "max": util.groupby(s["job_id"].astype("int64")).max(),
-            "mem": s["memory_used_mib"].astype("float64").groupby(
-                s["job_id"].astype("int64")).max(),
+            "n": util.size(), "known": s["known"].groupby(job_id).sum(),
+            "mean": util.mean(), "max": util.max(),
+            "mem": s["memory_used_mib"].astype("float64").groupby(job_id).max(),
         })
         stats = {int(k): v for k, v in stats_frame.to_dict("index").items()}
     for j in jobs:
