@@ -76,7 +76,7 @@ class Decision:
     """One job judged: the rule that fired and the action it leads to.
 
     ``action`` is what this run does (``none``, ``notify``, ``warn``, ``wait``, or one of
-    :data:`CHANGING`); ``planned`` is what the rule asks for once warned.
+    :data:`~hetslurm.policy.stall.CHANGING`); ``planned`` is what the rule asks for once warned.
     """
 
     job: str
@@ -411,17 +411,18 @@ def _recheck(backend: SlurmBackend, d: Decision, ctx: Context, now: float,
 def _act(backend: SlurmBackend, d: Decision, ctx: Context, log: ActionLog, now: float,
          output_probe: OutputProbe | None, sleep: Callable[[float], None],
          tell: Callable[[Decision, str, Mapping[str, Any] | None], bool]) -> Outcome:
-    def record(result: str, detail: str, **more: Any) -> None:
+    def record(result: str, detail: str, **more: Any) -> Outcome:
+        """Log one step's result; the outcome it makes when it is the last step."""
         log.append("action", {"t": now, "job": d.job, "job_id": d.job_id,
                               "restarts_before": d.restarts, "action": d.action,
                               "result": result, "detail": detail, **more})
+        return Outcome(d.job, d.action, result, detail)
 
     # Re-read and re-judge right before acting: the job may have ended, been requeued by
     # Slurm's own preemption, or changed its flags since the decision.
     why = _recheck(backend, d, ctx, now, output_probe)
     if why is not None:
-        record("skipped", why)
-        return Outcome(d.job, d.action, "skipped", why)
+        return record("skipped", why)
     if d.action == "downgrade":
         return _downgrade(backend, d, ctx, record, sleep, tell)
     ref = d.target or d.job
@@ -434,12 +435,10 @@ def _act(backend: SlurmBackend, d: Decision, ctx: Context, log: ActionLog, now: 
         backend.cancel(ref)
     ok, seen = _verify(backend, d, d.action, ctx.stall.verify_timeout_s, sleep)
     if not ok:
-        result = "not-requeued" if d.action != "cancel" else "not-cancelled"
-        record(result, seen, **more)
-        return Outcome(d.job, d.action, result, seen)
-    record("done", seen, **more)
-    sent = tell(d, d.action, {"verified": seen, **more})
-    return Outcome(d.job, d.action, "done", seen, sent)
+        return record("not-requeued" if d.action != "cancel" else "not-cancelled", seen, **more)
+    out = record("done", seen, **more)
+    out.notified = tell(d, d.action, {"verified": seen, **more})
+    return out
 
 
 def _request_shows(j: JobInfo, dg: Downgrade) -> str | None:
@@ -453,7 +452,7 @@ def _request_shows(j: JobInfo, dg: Downgrade) -> str | None:
 
 
 def _downgrade(backend: SlurmBackend, d: Decision, ctx: Context,
-               record: Callable[..., None], sleep: Callable[[float], None],
+               record: Callable[..., Outcome], sleep: Callable[[float], None],
                tell: Callable[[Decision, str, Mapping[str, Any] | None], bool]) -> Outcome:
     """requeuehold Incomplete, update the request, release; each step checked and logged.
 
@@ -466,9 +465,9 @@ def _downgrade(backend: SlurmBackend, d: Decision, ctx: Context,
     facts = {"downgrade": asdict(dg)}
     backend.requeue_hold(d.job, incomplete=True)
     ok, seen = _wait_for(backend, d.job, d.restarts, "requeue_hold", timeout, sleep)
-    record("done" if ok else "not-requeued", seen, step="requeue_hold", **facts)
+    held = record("done" if ok else "not-requeued", seen, step="requeue_hold", **facts)
     if not ok:
-        return Outcome(d.job, d.action, "not-requeued", seen)
+        return held
     update_error: str | None = None
     try:
         backend.update_job(d.job,
@@ -484,9 +483,8 @@ def _downgrade(backend: SlurmBackend, d: Decision, ctx: Context,
     try:
         backend.release(d.job)
     except HetslurmError as exc:
-        detail = f"held and not released: {type(exc).__name__}: {exc}"
-        record("failed", detail, step="release", **facts)
-        return Outcome(d.job, d.action, "failed", detail)
+        return record("failed", f"held and not released: {type(exc).__name__}: {exc}",
+                      step="release", **facts)
     ok, seen = _wait_for(backend, d.job, d.restarts, "released", timeout, sleep)
     if ok and update_error is None:
         try:
@@ -496,15 +494,14 @@ def _downgrade(backend: SlurmBackend, d: Decision, ctx: Context,
         if shown is not None:
             ok, seen = False, f"{seen}; request {shown}"
     if update_error is not None:
-        result = "not-downgraded"
         detail = f"{update_error}; released with its own request: {seen}"
-        record(result if ok else "not-requeued", detail, step="release", **facts)
-        if not ok:
-            return Outcome(d.job, d.action, "not-requeued", detail)
-        sent = tell(d, "requeue", {"verified": seen, "not_downgraded": update_error})
-        return Outcome(d.job, d.action, result, detail, sent)
-    record("done" if ok else "not-requeued", seen, step="release", **facts)
-    if not ok:
-        return Outcome(d.job, d.action, "not-requeued", seen)
-    sent = tell(d, "downgrade", {"verified": seen, **facts})
-    return Outcome(d.job, d.action, "done", f"{dg.describe()}: {seen}", sent)
+        out = record("not-downgraded" if ok else "not-requeued", detail, step="release",
+                     **facts)
+        if ok:
+            out.notified = tell(d, "requeue", {"verified": seen, "not_downgraded": update_error})
+        return out
+    out = record("done" if ok else "not-requeued", seen, step="release", **facts)
+    if ok:
+        out.detail = f"{dg.describe()}: {seen}"
+        out.notified = tell(d, "downgrade", {"verified": seen, **facts})
+    return out
