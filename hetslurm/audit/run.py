@@ -50,27 +50,22 @@ class AuditRequest:
 def empty_jobs() -> Any:
     import pandas as pd
 
-    frame = pd.DataFrame({c: pd.Series(dtype="object") for c in JOB_COLUMNS})
-    for c in ("submit", "eligible", "start", "end", "elapsed"):
-        frame[c] = frame[c].astype("float64")
-    frame["job_id"] = frame["job_id"].astype("int64")
-    frame["gpus"] = frame["gpus"].astype("int64")
-    frame["run"] = frame["run"].astype("int64")
-    return frame
+    types = dict.fromkeys(("submit", "eligible", "start", "end", "elapsed"), "float64")
+    types.update(job_id="int64", gpus="int64", run="int64")
+    return pd.DataFrame({c: pd.Series(dtype=types.get(c, "object")) for c in JOB_COLUMNS})
 
 
 def load_jobs(req: AuditRequest, site: Site | None, env: Mapping[str, str] | None
               ) -> tuple[SacctResult | None, str | None]:
     """Jobs from a sacct JSON file or a live ``sacct``; (None, why) when neither works."""
-    text: str | bytes
-    if req.sacct_file:
-        # A file the user named that cannot be read is a usage error (ConfigError), not
-        # "accounting unavailable"; what it holds is judged below like sacct's own output.
-        text = read_file_bytes(req.sacct_file, what="sacct JSON file", max_bytes=MAX_DATA_BYTES)
     try:
-        if not req.sacct_file:
-            return sacct_result(read_accounting(env, req.since, req.until), site), None
-        return parse_sacct_json(text, site), None
+        if req.sacct_file:
+            # A file the user named that cannot be read is a usage error (ConfigError), not
+            # "accounting unavailable"; what it holds is judged like sacct's own output.
+            text = read_file_bytes(req.sacct_file, what="sacct JSON file",
+                                   max_bytes=MAX_DATA_BYTES)
+            return parse_sacct_json(text, site), None
+        return sacct_result(read_accounting(env, req.since, req.until), site), None
     except MetricsError as exc:
         return None, str(exc)
 

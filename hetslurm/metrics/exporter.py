@@ -31,14 +31,12 @@ LABELS = ("node", "minor", "slurm_index", "nvml_index", "uuid", "gpu_model", "jo
 
 
 def _label(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    try:
-        import pandas as pd
+    import pandas as pd
 
-        if pd.isna(value):
+    try:
+        if pd.isna(value):  # None, NaN, pd.NA, NaT
             return ""
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # an array-like value
         pass
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -67,15 +65,13 @@ class StoreCollector:
         frame = self.store.latest(self.max_age_s)
         families = {name: GaugeMetricFamily(name, text, labels=list(LABELS))
                     for name, (_, _, text) in METRICS.items()}
-        if not frame.empty:
-            records = frame.to_dict("records")
-            for rec in records:
-                labels = [_label(rec[k]) for k in LABELS]
-                ts = _timestamp(float(rec["time"]))
-                for name, (col, factor, _) in METRICS.items():
-                    v = rec[col]
-                    value = math.nan if _label(v) == "" else float(v) * factor
-                    families[name].add_metric(labels, value, timestamp=ts)
+        for rec in frame.to_dict("records"):
+            labels = [_label(rec[k]) for k in LABELS]
+            ts = _timestamp(float(rec["time"]))
+            for name, (col, factor, _) in METRICS.items():
+                v = rec[col]
+                value = math.nan if _label(v) == "" else float(v) * factor
+                families[name].add_metric(labels, value, timestamp=ts)
         yield from families.values()
 
 

@@ -451,11 +451,8 @@ def _safe(text: str) -> str:
 
 def _read_fd(fd: int, size: int) -> bytes:
     """The ``size`` bytes (from fstat) of ``fd``, fewer when the file is shorter."""
-    data = os.read(fd, size)
-    if len(data) == size or not data:
-        return data
-    parts = [data]
-    got = len(data)
+    parts: list[bytes] = []
+    got = 0
     while got < size:
         chunk = os.read(fd, size - got)
         if not chunk:
@@ -568,9 +565,7 @@ def _forgery(table: Any, seg: Segment) -> tuple[str | None, float, float]:
     return None, first, last
 
 
-@functools.cache
-def _bounds() -> dict[str, tuple[float, float]]:
-    return value_bounds()
+_bounds = functools.cache(value_bounds)
 
 
 def _out_of_range(table: Any) -> str | None:

@@ -180,8 +180,8 @@ def device_coverage(group: Any, dev: Any, time: Any, weight: Any) -> Any:
 
 
 def judge_windows(j: Any, s: Any, usage: Usage, *, max_interval_s: float,
-                  allocated: Mapping[int, Collection[tuple[str, int]]] | None = None,
-                  every_window: bool = False) -> tuple[Any, Any]:
+                  allocated: Mapping[int, Collection[tuple[str, int]]] | None = None
+                  ) -> tuple[Any, Any]:
     """The idle rule over every window of every job run in ``j`` with held samples in ``s``.
 
     Returns ``(last, w)``: the last run of each job (indexed by job id) and one row per
@@ -196,8 +196,7 @@ def judge_windows(j: Any, s: Any, usage: Usage, *, max_interval_s: float,
     ``allocated`` (job id -> its (node, index) pairs, as ``act`` reads them from Slurm)
     limits coverage to those devices; without it (sacct has no indices) the distinct
     devices the job's samples name count. ``covered_gpus`` is computed for the windows
-    whose samples are all known and below the thresholds (the only ones it can decide),
-    or for every window with ``every_window``.
+    whose samples are all known and below the thresholds (the only ones it can decide).
     """
     import numpy as np
     import pandas as pd
@@ -245,8 +244,7 @@ def judge_windows(j: Any, s: Any, usage: Usage, *, max_interval_s: float,
               & (w["gpus"] > 0))
     if usage.idle_memory_mib is not None:
         judged &= w["max_mem"] < usage.idle_memory_mib
-    want = np.ones(len(w), dtype=bool) if every_window else judged.to_numpy()
-    pick = np.flatnonzero(want[group] if len(group) else np.zeros(0, dtype=bool))
+    pick = np.flatnonzero(judged.to_numpy()[group] if len(group) else np.zeros(0, dtype=bool))
     dev, node_code = device_codes(s["node"].iloc[rows[pick]],
                                   s["slurm_index"].iloc[rows[pick]]
                                   if "slurm_index" in s.columns else None)
