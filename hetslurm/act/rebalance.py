@@ -17,6 +17,7 @@ phase or job is started; what was skipped is listed.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -163,16 +164,11 @@ def rebalance(backend: SlurmBackend, req: RebalanceRequest, site: Site, *,
     budget = float(req.budget_s if req.budget_s is not None else pol.time_budget_s)
     t0 = clock()
     deadline = t0 + budget
-    own = RunLock(lock_path) if req.apply and lock is None else None
-    if own is not None:
-        own.acquire()  # LockBusy: the caller exits at once
-    try:
+    # An applying run takes its own lock unless the caller holds it (LockBusy: it exits).
+    with RunLock(lock_path) if req.apply and lock is None else contextlib.nullcontext():
         res = _run(backend, req, site, pol, target=target, samples=samples, now=now,
                    output_probe=output_probe, env=env, clock=clock, deadline=deadline,
                    budget=budget)
-    finally:
-        if own is not None:
-            own.release()
     res.seconds = clock() - t0
     return res
 

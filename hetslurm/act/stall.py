@@ -254,7 +254,6 @@ def _wait_for(backend: SlurmBackend, ref: str, restarts_before: int | None, want
     or started again.
     """
     deadline = time.monotonic() + timeout
-    seen = "?"
     while True:
         try:
             j = backend.job(ref)
@@ -264,28 +263,25 @@ def _wait_for(backend: SlurmBackend, ref: str, restarts_before: int | None, want
             # slurmctld restarting right after the action: it keeps its state, so read
             # again until it answers or the timeout passes (never act a second time).
             seen = f"Slurm did not answer: {exc}"
-            if time.monotonic() >= deadline:
-                return False, seen
-            sleep(0.5)
-            continue
-        seen = f"state {j.state}, restarts {j.restarts}, reason {j.reason}"
-        # An unknown count (before or now) never shows a requeue happened.
-        raised = (j.restarts is not None and restarts_before is not None
-                  and j.restarts > restarts_before)
-        if want == "cancel":
-            if j.state == "CANCELLED":
-                return True, seen
         else:
-            if raised and want == "requeue" and j.state == "PENDING":
-                return True, seen
-            if raised and want == "requeue_hold" and (
-                    (j.state == "PENDING" and _held(j)) or j.state in _HELD_STATES):
-                return True, seen
-            if raised and want == "released" and not _held(j) and j.state in (
-                    "PENDING", "CONFIGURING", "RUNNING"):
-                return True, seen
-            if j.state in _ENDED:
-                return False, seen
+            seen = f"state {j.state}, restarts {j.restarts}, reason {j.reason}"
+            # An unknown count (before or now) never shows a requeue happened.
+            raised = (j.restarts is not None and restarts_before is not None
+                      and j.restarts > restarts_before)
+            if want == "cancel":
+                if j.state == "CANCELLED":
+                    return True, seen
+            else:
+                if raised and want == "requeue" and j.state == "PENDING":
+                    return True, seen
+                if raised and want == "requeue_hold" and (
+                        (j.state == "PENDING" and _held(j)) or j.state in _HELD_STATES):
+                    return True, seen
+                if raised and want == "released" and not _held(j) and j.state in (
+                        "PENDING", "CONFIGURING", "RUNNING"):
+                    return True, seen
+                if j.state in _ENDED:
+                    return False, seen
         if time.monotonic() >= deadline:
             return False, seen
         sleep(0.5)

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from hetslurm.errors import HetslurmError, MetricsError
@@ -253,6 +252,7 @@ class Collector:
         return out
 
     def stop(self, *_: Any) -> None:
+        """Stop after the tick under way (also the SIGTERM/SIGINT handler)."""
         self._stop = True
 
     def run(self, *, ticks: int | None = None, duration_s: float | None = None,
@@ -260,8 +260,8 @@ class Collector:
         """Tick on a fixed cadence until ``ticks``/``duration_s``/``until`` says stop or a
         signal arrives; flushes every ``flush_s`` and at the end. Returns ticks done."""
         if handle_signals:
-            signal.signal(signal.SIGTERM, self._on_signal)
-            signal.signal(signal.SIGINT, self._on_signal)
+            signal.signal(signal.SIGTERM, self.stop)
+            signal.signal(signal.SIGINT, self.stop)
         start = self.monotonic()
         self._last_flush = start - self.flush_s  # the first tick is written at once
         done = 0
@@ -289,9 +289,6 @@ class Collector:
             finally:
                 self.source.close()
         return done
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._stop = True
 
 
 # ---------------------------------------------------------------------- building one
