@@ -151,15 +151,12 @@ class RunResult:
     problems: list[str] = field(default_factory=list)
 
     def rows(self) -> list[dict[str, Any]]:
-        by_job = {o.job: o for o in self.outcomes}
-        out = []
-        for d in self.decisions:
-            row = d.row()
-            if self.applied:
-                o = by_job.get(d.job)
-                row["result"] = o.result if o else "logged"
-            out.append(row)
-        return out
+        results = {o.job: o.result for o in self.outcomes}
+        rows = [d.row() for d in self.decisions]
+        if self.applied:
+            for d, row in zip(self.decisions, rows, strict=True):
+                row["result"] = results.get(d.job, "logged")
+        return rows
 
 
 def _warnings(log: ActionLog | None, now: float) -> dict[tuple[int, int | None], float]:

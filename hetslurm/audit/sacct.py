@@ -128,6 +128,8 @@ def sacct_result(records: SacctRecords, site: Site | None = None) -> SacctResult
 _CATEGORIES = ("user", "account", "partition", "state", "gpu_model", "wclass")
 _TEXTS = ("name", "nodes", "constraints", "comment", "admin_comment")
 _TIMES = ("submit", "eligible", "start", "end", "elapsed")
+#: The other columns' dtypes (float64 where not named).
+_DTYPES = {"job_id": "int64", "gpus": "int64", "typed": "bool"}
 _CHUNK = 65536
 
 
@@ -147,8 +149,7 @@ class _Columns:
         for c, values in zip(self.names, zip(*rows, strict=True), strict=True):
             table = self.labels.get(c)
             if table is None:
-                dtype = {"job_id": "int64", "gpus": "int64", "typed": "bool"}.get(c, "float64")
-                self.chunks[c].append(np.array(values, dtype=dtype))
+                self.chunks[c].append(np.array(values, dtype=_DTYPES.get(c, "float64")))
                 continue
             codes, uniques = pd.factorize(np.array(values, dtype=object))
             remap = np.array([table.setdefault(u, len(table)) for u in uniques], dtype="int32")
@@ -162,10 +163,8 @@ class _Columns:
         data: dict[str, Any] = {}
         for c in self.names:
             parts = self.chunks.pop(c)
-            arr = (np.concatenate(parts) if parts else
-                   np.array([], dtype="int32" if c in self.labels else
-                            {"job_id": "int64", "gpus": "int64", "typed": "bool"}
-                            .get(c, "float64")))
+            arr = (np.concatenate(parts) if parts else np.array(
+                [], dtype="int32" if c in self.labels else _DTYPES.get(c, "float64")))
             del parts
             if c in _TIMES:
                 # sacct --json: 0 is "not yet" (an elapsed time may be 0); NO_VAL and

@@ -46,6 +46,8 @@ from hetslurm.metrics.samples import (
 from hetslurm.textfile import read_text_file
 
 FAULTS = ("not_supported", "lost", "mig", "missing")
+#: The status of a device scripted with a fault that still reads (lost and missing do not).
+_FAULT_STATUS = {"mig": STATUS_MIG, "not_supported": STATUS_NOT_SUPPORTED}
 #: What the fake calls each site model (NVML's device names).
 MODEL_NAMES = {"h100": ("NVIDIA H100 80GB HBM3", 81559.0),
                "a100": ("NVIDIA A100-SXM4-40GB", 40960.0)}
@@ -172,11 +174,7 @@ class FakeNvml(NvmlSource):
             util = _value_at(g.get("utilization"), offset, sc.default_utilization)
             mem = _value_at(g.get("memory_used_mib"), offset, 0.0)
             power = None if g.get("power_w") is None else _value_at(g["power_w"], offset, 0.0)
-            status = STATUS_OK
-            if fault == "mig":
-                status = STATUS_MIG
-            elif fault == "not_supported":
-                status = STATUS_NOT_SUPPORTED
+            status = _FAULT_STATUS.get(fault or "", STATUS_OK)
             out.append(GpuReading(
                 **base,
                 utilization_pct=util if status == STATUS_OK else None,

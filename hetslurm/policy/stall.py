@@ -234,12 +234,8 @@ class SiteModels:
             order = tuple(sorted(models, key=lambda m: (-cost[m], models.index(m))))
         else:
             order, cost = models, {}
-        partitions: dict[str, frozenset[str]] = {}
-        for name, part in site.partitions.items():
-            have: set[str] = set()
-            for n in part.nodes:
-                have.update(d.model for d in site.node(n).gpus)
-            partitions[name] = frozenset(have)
+        partitions = {name: frozenset(d.model for n in part.nodes for d in site.node(n).gpus)
+                      for name, part in site.partitions.items()}
         raw_classes = site.sections.get("classes") or {}
         classes = {name: tuple(d for d in wc.devices if d in models)
                    for name, wc in raw_classes.items()}
