@@ -57,10 +57,7 @@ def read_samples(store: str | None, site: Site | None, since: float, until: floa
 
     if not store or not Path(store).is_dir():
         return empty_frame(), [f"no metrics store at {store!r}: no job can be judged idle"]
-    trusted: tuple[int, ...] = ()
-    if site is not None and site.sections.get("collector") is not None:
-        trusted = tuple(site.sections["collector"].trusted_uids)
-    frame, report = SegmentStore(store, trusted).read(since, until, columns=STALL_COLUMNS)
+    frame, report = SegmentStore.of_site(store, site).read(since, until, columns=STALL_COLUMNS)
     problems = []
     if report.partial:
         problems.append(f"{sum(report.refused.values())} segment(s) refused")

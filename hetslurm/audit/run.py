@@ -98,7 +98,7 @@ def run_audit(req: AuditRequest, site: Site | None, *, env: Mapping[str, str] | 
             partial = True
             samples = empty_frame()
     elif req.store:
-        samples, report = SegmentStore(req.store, _trusted(site)).read(
+        samples, report = SegmentStore.of_site(req.store, site).read(
             req.since, req.until, progress=progress, columns=AUDIT_COLUMNS)
         store_report = report.to_dict()
         if report.partial:
@@ -126,13 +126,6 @@ def _release_arrow_memory() -> None:
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()
-
-
-def _trusted(site: Site | None) -> tuple[int, ...]:
-    if site is None:
-        return ()
-    col = site.sections.get("collector")
-    return tuple(col.trusted_uids) if col is not None else ()
 
 
 def _filter(jobs: Any, req: AuditRequest) -> Any:

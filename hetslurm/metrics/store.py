@@ -47,12 +47,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetslurm import fsguard
 from hetslurm.errors import MetricsError
 from hetslurm.metrics.samples import CATEGORICAL, COLUMNS, arrow_schema, value_bounds
 from hetslurm.site.names import NODE_RE
+
+if TYPE_CHECKING:
+    from hetslurm.site.model import Site
 
 _SEG_RE = re.compile(r"^(seg|cmp)-(\d+)-(\d+)-([A-Za-z0-9_.-]+)\.parquet$")
 _DAY_RE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
@@ -116,6 +119,12 @@ class SegmentStore:
         self.trusted = set(fsguard.trusted_uids(trusted_uids))
         self._seq = 0
         self._tag = f"{_safe(socket.gethostname())}-{os.getpid()}"
+
+    @classmethod
+    def of_site(cls, root: str | Path, site: Site | None) -> SegmentStore:
+        """The store at ``root`` trusting the site's ``[collector] trusted_uids`` too."""
+        conf = site.sections.get("collector") if site is not None else None
+        return cls(root, conf.trusted_uids if conf is not None else ())
 
     # ------------------------------------------------------------------ writing
     def _name(self, kind: str, t0: float, t1: float) -> str:
