@@ -48,8 +48,6 @@ class TickResult:
     time: float
     rows: list[dict[str, Any]]
     lost: dict[str, list[int]] = field(default_factory=dict)  # node -> minors
-    slurm_error: str | None = None
-    clock_jump: bool = False
 
 
 def job_gpus_by_node(jobs: Iterable[JobInfo]) -> dict[str, dict[int, tuple[int, tuple[int, ...]]]]:
@@ -123,7 +121,7 @@ class Collector:
                             "this tick are flagged clock_jump", wall_d, mono_d)
         self._last = (now_wall, now_mono)
         t = round(now_wall, 3)
-        res = TickResult(time=t, rows=[], clock_jump=jump)
+        res = TickResult(time=t, rows=[])
         holders: dict[str, dict[int, tuple[int, tuple[int, ...]]]] = {}
         attributed = True
         if self.backend is not None:
@@ -132,7 +130,6 @@ class Collector:
             except HetslurmError as exc:
                 # Samples are still written, marked unattributed: never guessed.
                 attributed = False
-                res.slurm_error = str(exc)
                 log.warning("Slurm did not answer; samples of this tick carry no job: %s", exc)
         else:
             attributed = False
