@@ -43,15 +43,11 @@ from hetslurm.policy.stall import (
     gate,
     gres_text,
     het_verdicts,
+    idle_evidence,
     job_gpus,
     start_epoch,
     verdict,
 )
-
-# Imported from here by the lab's bench_rebalance and tests/cluster's helpers.
-from hetslurm.policy.stall import allocated_devices as allocated_devices
-from hetslurm.policy.stall import idle_evidence as idle_evidence
-from hetslurm.policy.stall import judge as judge
 from hetslurm.slurm.backend import JobInfo, NotFoundError, SlurmBackend
 from hetslurm.slurm.units import parse_gres
 

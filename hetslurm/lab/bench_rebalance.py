@@ -197,8 +197,8 @@ def _child(root: Path, params: dict[str, Any]) -> dict[str, Any]:
     from hetslurm.act.drift import live_target
     from hetslurm.act.rebalance import RebalanceRequest, rebalance
     from hetslurm.act.run import STALL_COLUMNS, context_for
-    from hetslurm.act.stall import idle_evidence, judge
     from hetslurm.metrics.store import SegmentStore
+    from hetslurm.policy.stall import idle_evidence, verdict
     from hetslurm.site import load_site
 
     site = load_site(root / "site.toml")
@@ -241,7 +241,7 @@ def _child(root: Path, params: dict[str, Any]) -> dict[str, Any]:
         frame, _ = seg.read(NOW - ctx.window_s, NOW, nodes=list(j.nodes), columns=STALL_COLUMNS)
         frame = frame[frame["job_id"] == j.job_id]
         ev = idle_evidence([j], frame, ctx.usage, window_s=ctx.window_s, now=NOW)
-        rule = judge(j, ev.get(j.job_id), ctx, NOW, probe)[0]
+        rule = verdict(j, ev.get(j.job_id), ctx, NOW, probe).rule
         same += rule == by_job.get(j.job_id)
     per_job_each = (time.perf_counter() - t1) / max(1, len(sample))
     per_job_stall = per_job_each * len(running)

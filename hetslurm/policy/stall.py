@@ -475,13 +475,6 @@ def verdict(job: JobInfo, ev: Evidence | None, ctx: Context, now: float,
     return v("idle", st.action, "idle over the window", mode)
 
 
-def judge(job: JobInfo, ev: Evidence | None, ctx: Context, now: float,
-          output_probe: OutputProbe | None) -> tuple[str, str, str, str | None, str | None]:
-    """``(rule, planned action, reason, on_idle, output_mode)`` for one running GPU job."""
-    x = verdict(job, ev, ctx, now, output_probe)
-    return x.rule, x.planned, x.reason, x.on_idle, x.output_mode
-
-
 def gate(planned: str, warned_at: float | None, ctx: Context, now: float) -> str:
     """A changing action waits for a warning ``warning_grace_s`` old (from an earlier run)."""
     if planned not in CHANGING:

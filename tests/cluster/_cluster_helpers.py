@@ -105,8 +105,8 @@ def device_samples(env: dict[str, str], util: dict[int, float | None], now: floa
     GPU is in MIG mode (unknown). The idle rule needs every allocated GPU covered."""
     import pandas as pd
 
-    from hetslurm.act.stall import allocated_devices
     from hetslurm.errors import HetslurmError
+    from hetslurm.policy.stall import allocated_devices
     from hetslurm.slurm.cli_backend import CliBackend
 
     backend = CliBackend(env)
