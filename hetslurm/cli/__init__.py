@@ -62,25 +62,27 @@ def _register() -> None:
     # Each group lives in its own module; their heavy imports happen inside the commands,
     # so `hetslurm --help` stays fast and a missing optional dependency breaks only its
     # own command.
-    from hetslurm.cli import bench_cmd, explain_cmd, hook_cmd, site_cmd, status_cmd, testbed_cmd
+    from hetslurm.cli import (
+        act_cmd,
+        audit_cmd,
+        bench_cmd,
+        collect_cmd,
+        explain_cmd,
+        exporter_cmd,
+        hook_cmd,
+        place_cmd,
+        rebalance_cmd,
+        simulate_cmd,
+        site_cmd,
+        status_cmd,
+        testbed_cmd,
+    )
 
-    cli.add_command(site_cmd.site)
-    for mod in (testbed_cmd, status_cmd, bench_cmd, hook_cmd, explain_cmd):
-        mod.register(cli)
-    from hetslurm.cli import audit_cmd, collect_cmd, exporter_cmd
-
-    for metrics_mod in (collect_cmd, audit_cmd, exporter_cmd):
-        metrics_mod.register(cli)
-    from hetslurm.cli import place_cmd
-
-    place_cmd.register(cli)
-    from hetslurm.cli import simulate_cmd
-
-    simulate_cmd.register(cli)
-    from hetslurm.cli import act_cmd, rebalance_cmd
-
-    act_cmd.register(cli)
-    rebalance_cmd.register(cli)
+    for command in (site_cmd.site, testbed_cmd.testbed, status_cmd.status, bench_cmd.bench,
+                    hook_cmd.hook, explain_cmd.explain_cmd, collect_cmd.collect,
+                    audit_cmd.audit_cmd, exporter_cmd.exporter, place_cmd.place_cmd,
+                    place_cmd.state, simulate_cmd.simulate, act_cmd.act, rebalance_cmd.rebalance):
+        cli.add_command(command)
 
 
 _register()

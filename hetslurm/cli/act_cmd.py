@@ -71,8 +71,3 @@ def requeue_stalled(site_file: str | None, store: str | None, apply_: bool,
         "applied": result.applied, "problems": result.problems,
         "decisions": [d.to_dict() for d in result.decisions],
         "outcomes": [o.__dict__ for o in result.outcomes]})
-
-
-def register(cli: click.Group) -> None:
-    """Add ``act`` to the ``hetslurm`` command group."""
-    cli.add_command(act)

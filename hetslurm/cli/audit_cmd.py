@@ -152,7 +152,3 @@ def _progress_bar() -> Callable[[int, int], None] | None:
             prog.stop()
 
     return update
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(audit_cmd)

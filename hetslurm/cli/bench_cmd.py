@@ -249,7 +249,3 @@ def bench_rebalance_cmd(jobs: int, interval_s: float, segments_per_node: int, pe
         raise click.BadParameter(str(exc)) from exc
     emit([{"metric": k, "value": v} for k, v in res.items()], output_format,
          title="rebalance benchmark", document=res)
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(bench)

@@ -86,7 +86,3 @@ def collect(site_file: str | None, nodes: tuple[str, ...], all_nodes: bool,
     done = coll.run(ticks=ticks, duration_s=duration, handle_signals=True)
     click.echo(f"hetslurm collect: {done} ticks, {len(coll.written)} segments written to "
                f"{st.root}", err=True)
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(collect)

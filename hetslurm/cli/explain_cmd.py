@@ -78,7 +78,3 @@ def explain_cmd(script: str | None, site_file: str | None, hook_file: str | None
         rows.append({"what": "placement note", "value": ex.placement_note})
     emit(rows, output_format, title=f"hook {ex.hook.get('build', '?')} on "
          f"{script or 'srun/salloc'}", document=doc)
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(explain_cmd)

@@ -27,7 +27,3 @@ def exporter(store: str, port: int, addr: str, max_age: float) -> None:
 
     click.echo(f"hetslurm exporter: http://{addr}:{port}/metrics", err=True)
     serve_forever(SegmentStore(store), port, addr, max_age)
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(exporter)

@@ -143,7 +143,3 @@ def disable_cmd(conf_dir: str | None, mode: str, output_format: str) -> None:
 
     d = set_installed_mode(slurm_conf_dir(conf_dir), mode).to_dict()
     emit([d], output_format, title=f"hook mode {mode}", document=d)
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(hook)

@@ -165,9 +165,3 @@ def state_dump(out_file: str | None) -> None:
         return
     Path(out_file).write_text(text, encoding="utf-8")
     click.echo(f"state dump: wrote {out_file}", err=True)
-
-
-def register(cli: click.Group) -> None:
-    """Add ``place`` and ``state`` to the ``hetslurm`` command group."""
-    cli.add_command(place_cmd)
-    cli.add_command(state)

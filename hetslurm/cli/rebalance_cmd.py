@@ -134,8 +134,3 @@ def _run(path: str, text: str, lock: RunLock | None, apply_: bool, store: str | 
         # Some phase could not run (accounting down, no store, a refused file): what did run
         # is in the report; cron sees a status of its own (docs/cli.md).
         sys.exit(PARTIAL_EXIT)
-
-
-def register(cli: click.Group) -> None:
-    """Add ``rebalance`` to the ``hetslurm`` command group."""
-    cli.add_command(rebalance)

@@ -203,7 +203,3 @@ def progress_bar() -> Iterator[Callable[[str, int, int], None] | None]:
 
 def _round(value: object) -> object:
     return round(value, 2) if isinstance(value, float) else value
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(simulate)

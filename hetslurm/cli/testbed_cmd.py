@@ -91,7 +91,3 @@ def status(state_dir: str | None, output_format: str) -> None:
             for n, d in st["daemons"].items()]
     rows += [{"daemon": f"node {n}", "pid": "", "alive": s} for n, s in st["nodes"].items()]
     emit(rows, output_format, title=f"testbed {st['dir']}", document=st)
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(testbed)

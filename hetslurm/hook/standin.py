@@ -129,8 +129,6 @@ def _fields() -> dict[str, dict[str, Any]]:
 
 #: Every job_desc field the 22.05.8 plugin knows, with kind, settable, default and alias.
 FIELDS: dict[str, dict[str, Any]] = _fields()
-#: The fields a hook may write in 22.05 (the real setter's list).
-SETTABLE: frozenset[str] = frozenset(k for k, v in FIELDS.items() if v["set"])
 
 #: The ``slurm`` table of the 22.05.8 plugin (constants; functions are added by the harness).
 CONSTANTS: dict[str, int] = {
@@ -166,14 +164,6 @@ CONSTANTS: dict[str, int] = {
     "SHARED_FORCE": 32768,
     "SPREAD_JOB": 256,
     "USE_MIN_NODES": 512,
-}
-
-#: Errno values of 22.05's slurm_errno.h the hook falls back to (not exported to Lua in 22.05).
-ERRNO_2205 = {
-    "ESLURM_INVALID_GRES": 2072,
-    "ESLURM_INVALID_FEATURE": 2029,
-    "ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE": 2014,
-    "ESLURM_INVALID_QOS": 2066,
 }
 
 _HARNESS = b"""
@@ -303,16 +293,15 @@ function H.load(text, chunkname)
   current = { writes = {} }
   local ok, rc = pcall(chunk)
   loading = false
-  local out = current
-  if not ok then return nil, tostring(rc), out end
+  if not ok then return nil, tostring(rc) end
   if rc ~= slurm.SUCCESS then
-    return nil, "the script returned " .. tostring(rc) .. " when loaded, not slurm.SUCCESS", out
+    return nil, "the script returned " .. tostring(rc) .. " when loaded, not slurm.SUCCESS"
   end
   if type(rawget(G, "slurm_job_submit")) ~= "function"
       or type(rawget(G, "slurm_job_modify")) ~= "function" then
-    return nil, "the script does not define slurm_job_submit and slurm_job_modify", out
+    return nil, "the script does not define slurm_job_submit and slurm_job_modify"
   end
-  return G, nil, out
+  return G
 end
 
 function H.submit(G, job, uid)
@@ -364,7 +353,6 @@ class HookRuntime:
 
     text: str
     chunkname: str = "job_submit.lua"
-    load_log: tuple[tuple[str, str], ...] = field(default=(), init=False)
     _lua: Any = field(default=None, init=False, repr=False)
     _h: Any = field(default=None, init=False, repr=False)
     _g: Any = field(default=None, init=False, repr=False)
@@ -376,10 +364,7 @@ class HookRuntime:
         self._h = self._lua.execute(_HARNESS, fields, constants)
         result = self._h.load(self.text.encode("utf-8"), ("@" + self.chunkname).encode())
         parts = list(result) if isinstance(result, tuple) else [result]
-        g, err, out = ([*parts, None, None, None])[:3]
-        if out is not None:
-            log = _lua.to_python(out).get("log") or []
-            self.load_log = tuple((e[0], e[1]) for e in log if isinstance(e, list))
+        g, err = ([*parts, None, None])[:2]
         if g is None:
             raise HookLoadError(_lua.to_python(err) if err is not None else "cannot load")
         self._g = g

@@ -167,11 +167,6 @@ def _tres_arg(want: Mapping[str, int] | None, have: Mapping[str, int] | None) ->
     return ",".join(parts)
 
 
-def set_args(want: QosState, have: QosState | None) -> list[str]:
-    """``Key=Value`` arguments that turn ``have`` (None: a new QOS) into ``want``."""
-    return [f"{k}={v}" for k, v in settings(want, have).items()]
-
-
 def settings(want: QosState, have: QosState | None) -> dict[str, str]:
     """sacctmgr keyword -> value that turn ``have`` (None: a new QOS) into ``want``."""
     args: dict[str, str] = {}

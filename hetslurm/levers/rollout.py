@@ -93,11 +93,7 @@ def _lines(text: str | None) -> list[str]:
 
 
 def _words(line: str) -> dict[str, str]:
-    out = {}
-    for tok in line.split():
-        k, _, v = tok.partition("=")
-        out[k.lower()] = v
-    return out
+    return {k.lower(): v for k, _, v in (tok.partition("=") for tok in line.split())}
 
 
 def _slurm_entries(text: str | None) -> dict[str, str]:

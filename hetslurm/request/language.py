@@ -86,10 +86,6 @@ class Request:
     #: narrowed.
     own_gpu_models: tuple[str, ...] = ()
 
-    @property
-    def total_gpus(self) -> int:
-        return self.gpus_per_node * self.nodes
-
 
 # Parsing --------------------------------------------------------------------------------------
 
@@ -352,8 +348,3 @@ def _resolved(fn: Any, text: str) -> _Resolved | str:
     return (models("gpu_models"), models("own_gpu_models"), models("fpga_models"),
             partition if isinstance(partition, str) else None,
             qos if isinstance(qos, str) else None, bool(r.get("cpu_only")))
-
-
-def gpu_memory_mib(site: Site) -> dict[str, int | None]:
-    """Memory per GPU model in MiB (:meth:`hetslurm.site.Site.gpu_memory_mib`)."""
-    return site.gpu_memory_mib()

@@ -119,7 +119,6 @@ class Easy:
             key = (id(sh), 0 if short else 1)
             if key in failed:
                 continue
-            stats.placements_tried += 1
             if short:
                 if not r.start_now(pos, t):
                     failed.add(key)
@@ -159,7 +158,6 @@ def _any_fits_now(r: Replay, pending: list[Pending], window: range,
         if key in seen or (key, 0) in failed:
             continue
         seen.add(key)
-        r.stats.placements_tried += 1
         if r.placer.place(sh, r.now, r.cores_now, commit=False, is_now=True) is not None:
             return True
         # Resources only shrink during a pass: it fits neither now nor inside the

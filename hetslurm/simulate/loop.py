@@ -216,7 +216,6 @@ class Stats:
     passes: int = 0
     reservations: int = 0  # computed (EASY: a pass with the same head and running set
     # reuses one; Slurm: one per tested job that cannot start now)
-    placements_tried: int = 0
     backfilled: int = 0
     queue_area: float = 0.0  # integral of pending jobs over time
     saturated_s: float = 0.0  # time with at least one pending job
@@ -492,7 +491,6 @@ class Replay:
             part = self.shapes[pos].part
             if part in failed:
                 continue
-            self.stats.placements_tried += 1
             if self.start_now(pos, t):
                 started.add(q)
                 continue

@@ -39,8 +39,6 @@ FROM_OPTION, FROM_ENV, FROM_ETC, FROM_TESTBED = "--site", "$HETSLURM_SITE", "con
 #: The fourth place: given the environment, ``(where it looked, the site file or None)``.
 TestbedLookup = Callable[[Mapping[str, str]], tuple[str, Path | None]]
 
-#: The package the files of ``site-configs/`` install as (pyproject.toml).
-
 
 @dataclass(frozen=True)
 class FoundSite:

@@ -125,23 +125,10 @@ def relative_speed(speed: Mapping[str, Mapping[str, float]], models: Iterable[st
     return {m: raw[m] / low for m in ms}
 
 
-@dataclass(frozen=True)
-class DeviceScore:
-    """Why a device model ranks where it does (lower score is filled first)."""
-
-    model: str
-    kind: Kind
-    speed: float
-    watts: float | None
-    cost: float | None
-    energy_per_work: float | None
-    cost_per_work: float | None
-    score: float
-
-
 def device_scores(node_classes: Mapping[str, NodeClass], levers: Levers,
-                  kind: Kind) -> dict[str, DeviceScore]:
-    """Energy and cost per unit of work of every model of one kind, and their blend.
+                  kind: Kind) -> dict[str, float]:
+    """Every model of one kind scored by its energy and cost per unit of work (lower is
+    filled first).
 
     A device's power is its busy power plus its share of the host's busy power; its work
     per hour is its relative speed (1.0 without a speed table, and always for FPGAs). The
@@ -184,10 +171,7 @@ def device_scores(node_classes: Mapping[str, NodeClass], levers: Levers,
             score += b * _ratio(energy[m], min(energy.values()))
         if cost is not None:
             score += (1 - b) * _ratio(cost[m], min(cost.values()))
-        out[m] = DeviceScore(m, kind, speeds[m], power[m] if have_power else None,
-                             float(levers.cost_per_device_hour[m]) if have_cost else None,
-                             energy[m] if energy is not None else None,
-                             cost[m] if cost is not None else None, score)
+        out[m] = score
     return out
 
 
@@ -195,9 +179,9 @@ def _ratio(value: float, low: float) -> float:
     return value / low if low > 0 else (1.0 if value == 0 else math.inf)
 
 
-def derived_order(scores: Mapping[str, DeviceScore]) -> tuple[str, ...]:
+def derived_order(scores: Mapping[str, float]) -> tuple[str, ...]:
     """Models by score, lowest first (name breaks ties, so the order is deterministic)."""
-    return tuple(sorted(scores, key=lambda m: (round(scores[m].score, 9), m)))
+    return tuple(sorted(scores, key=lambda m: (round(scores[m], 9), m)))
 
 
 # ---------------------------------------------------------------- rendering helpers

@@ -678,7 +678,7 @@ def _levers_order(ctx: _Ctx, f: SiteFile, lv: Levers, gpu_order: tuple[str, ...]
         derived = site_levers.derived_order(scores)
         written = getattr(f.scheduling, f"{kind}_model_order")
         if written and derived != orders[kind]:
-            detail = ", ".join(f"{m} {scores[m].score:.3g}" for m in derived)
+            detail = ", ".join(f"{m} {scores[m]:.3g}" for m in derived)
             raise ctx.error(("scheduling", f"{kind}_model_order"),
                             f"lists {', '.join(written)}, but power and cost per unit of work "
                             f"rank {', '.join(derived)} (scores {detail}); remove the order to "

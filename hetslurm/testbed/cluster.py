@@ -555,15 +555,8 @@ class Testbed:
     def restart_ctld(self) -> None:
         """Stop slurmctld and start it again on the configuration files as they are now (not
         rendered again: a benchmark that edited slurm.conf itself keeps its edit)."""
-        st = self.load_state()
-        if st is None:
-            raise TestbedError(f"no testbed in {self.root}")
-        p = st.proc(SLURMCTLD)
-        if p is not None:
-            procs.stop(p, timeout=30)
-            st.procs.pop(SLURMCTLD, None)
-            self.save_state(st)
-        self._start_ctld(st)
+        self.stop_daemon(SLURMCTLD)
+        self.start_daemon(SLURMCTLD)
 
     def stop_daemon(self, name: str) -> None:
         """Stop one of the controller-side daemons alone, ``slurmctld`` or ``slurmdbd`` (fault
@@ -571,9 +564,7 @@ class Testbed:
         back."""
         if name not in (SLURMCTLD, SLURMDBD):
             raise TestbedError(f"stop_daemon: {name!r} is not slurmctld or slurmdbd")
-        st = self.load_state()
-        if st is None:
-            raise TestbedError(f"no testbed in {self.root}")
+        st = self.existing_state()
         p = st.proc(name)
         if p is not None:
             procs.stop(p, timeout=30)
@@ -582,15 +573,20 @@ class Testbed:
 
     def start_daemon(self, name: str) -> None:
         """Start ``slurmctld`` or ``slurmdbd`` again after stop_daemon; waits until it answers."""
-        st = self.load_state()
-        if st is None:
-            raise TestbedError(f"no testbed in {self.root}")
+        st = self.existing_state()
         if name == SLURMDBD:
             self._start_dbd(st)
         elif name == SLURMCTLD:
             self._start_ctld(st)
         else:
             raise TestbedError(f"start_daemon: {name!r} is not slurmctld or slurmdbd")
+
+    def existing_state(self) -> State:
+        """:meth:`load_state` where a testbed must exist."""
+        st = self.load_state()
+        if st is None:
+            raise TestbedError(f"no testbed in {self.root}; start it with `hetslurm testbed up`")
+        return st
 
     # ---- down --------------------------------------------------------------------------
     def down(self) -> dict[str, Any]:

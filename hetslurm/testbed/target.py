@@ -16,7 +16,7 @@ from hetslurm.errors import RolloutError, TestbedError
 from hetslurm.levers.live import Target, ping
 from hetslurm.site import Site, load_site
 from hetslurm.testbed import procs
-from hetslurm.testbed.cluster import DAEMON_WAIT_S, SLURMCTLD, State, Testbed
+from hetslurm.testbed.cluster import DAEMON_WAIT_S, SLURMCTLD, Testbed
 
 
 class TestbedDaemons:
@@ -32,7 +32,7 @@ class TestbedDaemons:
 
     def restart(self, nodes: Sequence[str]) -> None:
         tb = self.tb
-        st = _state(tb)
+        st = tb.existing_state()
         tb._stop_slurm(st)
         tb.spawn_ctld(st)
         deadline = time.monotonic() + DAEMON_WAIT_S
@@ -49,16 +49,9 @@ class TestbedDaemons:
             tb.spawn_slurmd(st, name)
 
 
-def _state(tb: Testbed) -> State:
-    st = tb.load_state()
-    if st is None:
-        raise TestbedError(f"no testbed in {tb.root}; start it with `hetslurm testbed up`")
-    return st
-
-
 def rollout_target(tb: Testbed, site: Site) -> Target:
     """A rollout target for a running testbed, rendering ``site`` with its runtime."""
-    st = _state(tb)
+    st = tb.existing_state()
     if not tb.running(st).get(SLURMCTLD):
         raise TestbedError(f"the testbed in {tb.root} is not running; `hetslurm testbed up`")
     if st.cluster != site.name:
@@ -68,7 +61,7 @@ def rollout_target(tb: Testbed, site: Site) -> Target:
     tb._assign_node_ports(scratch, site)
 
     def prepare(new_site: Site) -> None:
-        live = _state(tb)
+        live = tb.existing_state()
         live.node_ports = dict(scratch.node_ports)  # the ports the files were rendered with
         live.site = new_site.path
         tb.save_state(live)
@@ -97,5 +90,5 @@ def choose_target(site: Site | None, *, testbed_dir: str | Path | None,
         return site, live()
     tb = Testbed(testbed_dir)
     if site is None:
-        site = load_site(_state(tb).site)
+        site = load_site(tb.existing_state().site)
     return site, rollout_target(tb, site)

@@ -182,7 +182,6 @@ def easy_pass(depth: int) -> Pass:
 
         head = -1
         for q, (_, _, pos) in enumerate(pending):
-            cx.stats.placements_tried += 1
             alloc = cx.fit(pos, cx.free)
             if alloc is None:
                 failed.add((key(pos), 0))
@@ -200,7 +199,6 @@ def easy_pass(depth: int) -> Pass:
             if k in seen or (k, 0) in failed:
                 continue
             seen.add(k)
-            cx.stats.placements_tried += 1
             if cx.fit(pending[q][2], cx.free) is not None:
                 break
             failed |= {(k, 0), (k, 1)}
@@ -242,7 +240,6 @@ def easy_pass(depth: int) -> Pass:
             k2 = (key(pos), 0 if short else 1)
             if k2 in failed:
                 continue
-            cx.stats.placements_tried += 1
             alloc = cx.fit(pos, cx.free if short else resv)
             if alloc is None:
                 failed.add(k2)
@@ -291,7 +288,6 @@ def slurm_pass(depth: int, window_s: float) -> Pass:
             part = cx.jobs[pos].partition
             if part in failed:
                 continue
-            cx.stats.placements_tried += 1
             alloc = cx.fit(pos, cx.free)
             if alloc is None:
                 failed.add(part)
@@ -335,7 +331,6 @@ def _slurm_backfill(t: float, cx: Ctx, pending: Pending, done: set[int], depth: 
             for r in resvs:
                 if r.start < when + limit and when < r.end:
                     usable[list(r.nodes)] = 0
-            cx.stats.placements_tried += 1
             alloc = cx.fit(pos, state, usable)
             if alloc is None:
                 continue

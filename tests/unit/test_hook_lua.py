@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from hetslurm.hook.render import render_hook, set_mode
-from hetslurm.hook.standin import FIELDS, SETTABLE, CallResult, HookLoadError, HookRuntime
+from hetslurm.hook.standin import FIELDS, CallResult, HookLoadError, HookRuntime
 from hetslurm.site import Site, load_site
 
 pytest.importorskip("lupa")
@@ -515,9 +515,10 @@ def test_no_state_between_submissions(demo: Site) -> None:
 
 
 def test_standin_refuses_fields_2205_cannot_set(rt: HookRuntime) -> None:
-    assert "mcs_label" not in SETTABLE and "user_id" not in SETTABLE
+    settable = {k for k, v in FIELDS.items() if v["set"]}  # the real setter's list
+    assert "mcs_label" not in settable and "user_id" not in settable
     assert {"features", "tres_per_node", "admin_comment", "req_switch", "wait4switch",
-            "prefer", "bitflags", "min_mem_per_node"} <= SETTABLE
+            "prefer", "bitflags", "min_mem_per_node"} <= settable
     bad = render_hook(load_site(ROOT / "site-configs" / "demo.toml")).text.replace(
         "local MODE =", 'leaked = 1\nlocal MODE =', 1)
     with pytest.raises(HookLoadError, match="wrote the global leaked"):
@@ -549,12 +550,21 @@ def test_field_table_matches_the_probe_data() -> None:
             assert spec["alias"] in FIELDS
 
 
+#: Errno values of 22.05's slurm_errno.h the hook falls back to (not exported to Lua in 22.05).
+ERRNO_2205 = {
+    "ESLURM_INVALID_GRES": 2072,
+    "ESLURM_INVALID_FEATURE": 2029,
+    "ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE": 2014,
+    "ESLURM_INVALID_QOS": 2066,
+}
+
+
 def test_errno_fallbacks_match_the_installed_header() -> None:
     header = Path("/usr/include/slurm/slurm_errno.h")
     if not header.exists():
         pytest.skip("libslurm-dev not installed")
     values = _enum_values(header.read_text())
-    from hetslurm.hook.standin import CONSTANTS, ERRNO_2205
+    from hetslurm.hook.standin import CONSTANTS
 
     for name, value in ERRNO_2205.items():
         assert values[name] == value, name

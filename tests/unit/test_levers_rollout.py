@@ -97,7 +97,7 @@ def test_qos_plan_adds_modifies_and_grants_per_association() -> None:
     # The modification clears the limit the site no longer names.
     want = qos.wanted(site)["lvtrain"]
     have = qos.live_state(live[0])
-    assert qos.set_args(want, have) == ["MaxTRESPerUser=gres/gpu:h100=1,gres/gpu:a100=-1"]
+    assert qos.settings(want, have) == {"MaxTRESPerUser": "gres/gpu:h100=1,gres/gpu:a100=-1"}
 
 
 def test_qos_in_sync_is_no_change() -> None:
@@ -110,6 +110,7 @@ def test_new_qos_arguments() -> None:
     site = parse_site(BASE.replace("max_tres_per_user = { h100 = 1 }",
                                    'max_tres_per_user = { h100 = 1 }\nmax_wall = "1-00:00:00"'
                                    "\npriority = 10"))
-    args = qos.set_args(qos.wanted(site)["lvtrain"], None)
-    assert args == ["Priority=10", "UsageFactor=1.0", "MaxTRESPerUser=gres/gpu:h100=1",
-                    "MaxWall=1-00:00:00"]
+    args = qos.settings(qos.wanted(site)["lvtrain"], None)
+    assert list(args.items()) == [("Priority", "10"), ("UsageFactor", "1.0"),
+                                  ("MaxTRESPerUser", "gres/gpu:h100=1"),
+                                  ("MaxWall", "1-00:00:00")]

@@ -20,7 +20,6 @@ from hetslurm.request.language import (
     Locality,
     Request,
     format_request,
-    gpu_memory_mib,
     parse_request,
     request_from_table,
     resolve,
@@ -466,7 +465,7 @@ def _parse_or_refuse(text: str) -> None:
         return
     assert isinstance(r, Request)
     assert 1 <= r.nodes <= 65536 and 0 <= r.gpus_per_node <= 64
-    assert r.total_gpus <= 65536
+    assert r.gpus_per_node * r.nodes <= 65536
 
 
 @settings(max_examples=1500, deadline=None)
@@ -698,7 +697,7 @@ def test_unknown_class_and_models(demo: Site) -> None:
 
 
 def test_min_gpu_mem(demo: Site) -> None:
-    assert gpu_memory_mib(demo) == {"h100": 81920, "a100": 40960}
+    assert demo.gpu_memory_mib() == {"h100": 81920, "a100": 40960}
     assert resolve(parse_request("gpus=1 min-gpu-mem=60G"), demo).gpu_models == ("h100",)
     assert resolve(parse_request("gpus=1 min-gpu-mem=40G"), demo).gpu_models == ("h100", "a100")
     r = resolve(parse_request("gpus=1 class=inference min-gpu-mem=60G"), demo)
