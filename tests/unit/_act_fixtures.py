@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from hetslurm.act.stall import Context
+from hetslurm.lab.fake_slurm import FakeSlurm
 from hetslurm.site.schema import Stall, Usage
 from hetslurm.slurm.backend import JobInfo, NodeInfo
-from hetslurm.slurm.fake import FakeSlurm
 from hetslurm.slurm.units import GresItem
 
 NOW = 1_800_000_000.0

@@ -20,9 +20,9 @@ from hetslurm.act.log import ActionLog
 from hetslurm.act.run import context_for
 from hetslurm.act.stall import Context, SiteModels, execute, plan
 from hetslurm.errors import BackendError
+from hetslurm.lab.fake_slurm import FakeSlurm
 from hetslurm.site import load_site
 from hetslurm.slurm.backend import JobInfo, JobRef
-from hetslurm.slurm.fake import FakeSlurm
 from hetslurm.slurm.units import GresItem
 
 DEMO = Path(__file__).resolve().parents[2] / "site-configs" / "demo.toml"
