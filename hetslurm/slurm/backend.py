@@ -234,9 +234,6 @@ class PartitionInfo(_ToDict):
     state: str = "UP"
     max_time: Limit = UNLIMITED
     default_time: Limit = None
-    total_cpus: int = 0
-    total_nodes: int = 0
-    priority_tier: int = 1
     qos: str | None = None
     tres: Mapping[str, int] = field(default_factory=dict)
 
@@ -248,16 +245,11 @@ class QosInfo(_ToDict):
     name: str
     priority: int = 0
     flags: tuple[str, ...] = ()
-    preempt: tuple[str, ...] = ()
-    preempt_mode: str | None = None
     usage_factor: float = 1.0
     max_wall: Limit = None
-    grp_tres: Mapping[str, int] = field(default_factory=dict)
     max_tres_per_job: Mapping[str, int] = field(default_factory=dict)
-    max_tres_per_node: Mapping[str, int] = field(default_factory=dict)
     max_tres_per_user: Mapping[str, int] = field(default_factory=dict)
     max_jobs_per_user: int | None = None
-    max_submit_per_user: int | None = None
 
 
 @dataclass(frozen=True)

@@ -626,9 +626,6 @@ def parse_scontrol_partitions(text: str) -> list[PartitionInfo]:
                 # MaxTime=UNLIMITED is the default; None would mean "not printed".
                 max_time=units.UNLIMITED if max_time is None else max_time,
                 default_time=units.time_seconds(_first(rec, "DefaultTime")),
-                total_cpus=_int(_first(rec, "TotalCPUs")) or 0,
-                total_nodes=_int(_first(rec, "TotalNodes")) or 0,
-                priority_tier=_int(_first(rec, "PriorityTier")) or 1,
                 qos=units.text_or_none(_first(rec, "QoS")),
                 tres=units.parse_tres(_first(rec, "TRES")),
             )
@@ -656,16 +653,11 @@ def parse_sacctmgr_qos(text: str) -> list[QosInfo]:
                 name=row["Name"],
                 priority=_int(row.get("Priority")) or 0,
                 flags=_split_list(row.get("Flags")),
-                preempt=_split_list(row.get("Preempt")),
-                preempt_mode=units.text_or_none(row.get("PreemptMode")),
                 usage_factor=float(usage) if usage else 1.0,
                 max_wall=units.time_seconds(row.get("MaxWall")),
-                grp_tres=units.parse_tres(row.get("GrpTRES")),
                 max_tres_per_job=units.parse_tres(row.get("MaxTRES")),
-                max_tres_per_node=units.parse_tres(row.get("MaxTRESPerNode")),
                 max_tres_per_user=units.parse_tres(row.get("MaxTRESPU")),
                 max_jobs_per_user=_int(row.get("MaxJobsPU")),
-                max_submit_per_user=_int(row.get("MaxSubmitPU")),
             )
         )
     return out

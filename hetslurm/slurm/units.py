@@ -345,14 +345,6 @@ def gres_indices(items: Iterable[GresItem]) -> dict[tuple[str, str | None], tupl
     return out
 
 
-def format_gres_request(items: Iterable[GresItem]) -> str:
-    """Items to the ``gres:name:type:count`` TRES form Slurm 22.05 takes in tres_per_node.
-
-    ``gres/`` is refused there as an invalid TRES specification (measured on 22.05).
-    """
-    return ",".join(f"gres:{it.to_slurm()}" for it in items)
-
-
 # ------------------------------------------------------------------------------- TRES
 def parse_tres(text: str | None) -> dict[str, int]:
     """``cpu=8,mem=16000M,gres/gpu:a100=4`` to a dict; memory values become MiB.
