@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Unpack
 
 from hetslurm.errors import BackendError
 from hetslurm.slurm import parse, units
@@ -25,6 +26,7 @@ from hetslurm.slurm.backend import (
     SUBMIT_BATCH_RPC,
     ControllerStats,
     GresKey,
+    JobChanges,
     JobInfo,
     JobRef,
     NodeInfo,
@@ -34,7 +36,6 @@ from hetslurm.slurm.backend import (
     PartitionInfo,
     QosInfo,
     SlurmBackend,
-    Switches,
 )
 from hetslurm.slurm.sacct import SacctRecords, parse_sacct_document
 from hetslurm.slurm.units import GresItem
@@ -231,44 +232,23 @@ class FakeSlurm(SlurmBackend):
             raise BackendError(f"Job is no longer pending execution for job {job_id}")
         return job
 
-    def update_job(
-        self,
-        job_id: JobRef,
-        *,
-        tres_per_node: Sequence[GresItem] | None = None,
-        features: str | None = None,
-        prefer: str | None = None,
-        switches: Switches | None = None,
-        partition: str | None = None,
-        nodelist: Sequence[str] | None = None,
-        admin_comment: str | None = None,
-    ) -> None:
-        self._check_update(
-            tres_per_node=tres_per_node,
-            features=features,
-            prefer=prefer,
-            switches=switches,
-            partition=partition,
-            nodelist=nodelist,
-            admin_comment=admin_comment,
-        )
+    def update_job(self, job_id: JobRef, **changes: Unpack[JobChanges]) -> None:
+        change = self._check_update(changes)
         jid = self._resolve(job_id)
         job = self._jobs[jid]
-        if admin_comment is not None:
+        if (admin_comment := change.get("admin_comment")) is not None:
             job = replace(job, admin_comment=admin_comment or None)
-        if any(
-            v is not None for v in (tres_per_node, features, prefer, partition, nodelist, switches)
-        ):
+        if change.keys() - {"admin_comment"}:
             job = replace(self._pending_only(jid), admin_comment=job.admin_comment)
-        if tres_per_node is not None:
+        if (tres_per_node := change.get("tres_per_node")) is not None:
             job = replace(job, tres_per_node=tuple(tres_per_node))
-        if features is not None:
+        if (features := change.get("features")) is not None:
             job = replace(job, features=features or None)
-        if prefer is not None:
+        if (prefer := change.get("prefer")) is not None:
             job = replace(job, prefer=prefer or None)
-        if partition is not None:
+        if (partition := change.get("partition")) is not None:
             job = replace(job, partition=partition)
-        if switches is not None:
+        if (switches := change.get("switches")) is not None:
             job = replace(job, switches=switches if switches.count else None)
         self._jobs[jid] = job
 

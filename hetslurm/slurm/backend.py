@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, Unpack, cast
 
 from hetslurm.errors import BackendError
 from hetslurm.slurm.units import UNLIMITED, GresItem, Limit, Unlimited
@@ -337,6 +337,18 @@ class NodeStateChange(enum.Enum):
 JobRef = int | str
 
 
+class JobChanges(TypedDict, total=False):
+    """The fields :meth:`SlurmBackend.update_job` may change; one not given (or None) stays."""
+
+    tres_per_node: Sequence[GresItem] | None
+    features: str | None
+    prefer: str | None
+    switches: Switches | None
+    partition: str | None
+    nodelist: Sequence[str] | None
+    admin_comment: str | None
+
+
 class SlurmBackend(abc.ABC):
     """How hetslurm reads and changes a Slurm cluster.
 
@@ -382,18 +394,7 @@ class SlurmBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def update_job(
-        self,
-        job_id: JobRef,
-        *,
-        tres_per_node: Sequence[GresItem] | None = None,
-        features: str | None = None,
-        prefer: str | None = None,
-        switches: Switches | None = None,
-        partition: str | None = None,
-        nodelist: Sequence[str] | None = None,
-        admin_comment: str | None = None,
-    ) -> None:
+    def update_job(self, job_id: JobRef, **changes: Unpack[JobChanges]) -> None:
         """Change fields of a (normally pending) job; only the given ones change.
 
         ``tres_per_node`` replaces the job's ``--gres`` request. An empty string for
@@ -565,18 +566,9 @@ class SlurmBackend(abc.ABC):
             raise ValueError(f"Slurm requires a reason to set a node {state.value}")
 
     @staticmethod
-    def _check_submit(script: str | Path | None, wrap: str | None) -> None:
-        if (script is None) == (wrap is None):
-            raise ValueError("submit_batch needs a script or a command to wrap, not both")
-
-    @staticmethod
-    def _check_grant(kind: str) -> None:
-        if kind not in ("user", "account"):
-            raise ValueError(f"a QOS is granted to a 'user' or an 'account', not {kind!r}")
-
-    @staticmethod
-    def _check_update(**given: object) -> dict[str, object]:
-        chosen = {k: v for k, v in given.items() if v is not None}
+    def _check_update(changes: JobChanges) -> JobChanges:
+        """The changes that are given (not None); at least one must be."""
+        chosen = cast(JobChanges, {k: v for k, v in changes.items() if v is not None})
         if not chosen:
             raise ValueError("update_job needs at least one field to change")
         return chosen
