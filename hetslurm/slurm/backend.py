@@ -1,6 +1,6 @@
 """The Slurm access interface and the typed values it speaks.
 
-Every backend (Slurm CLIs, pyslurm, the in-memory fake) implements :class:`SlurmBackend`
+Every backend (Slurm CLIs, pyslurm; the lab's in-memory fake) implements :class:`SlurmBackend`
 and returns these frozen dataclasses; no raw Slurm string, sentinel or unit crosses this
 boundary (see :mod:`hetslurm.slurm.units`).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, Unpack, cast
 
 from hetslurm.errors import BackendError
-from hetslurm.slurm.units import UNLIMITED, GresItem, Limit, Unlimited
+from hetslurm.slurm.units import UNLIMITED, GresItem, Limit, Unlimited, gres_indices
 
 if TYPE_CHECKING:
     from hetslurm.slurm.sacct import SacctRecords
@@ -217,11 +217,7 @@ class JobInfo(_ToDict):
 
     def gres_on(self, node: str) -> dict[GresKey, tuple[int, ...]]:
         """Device indices this job holds on ``node`` by kind."""
-        out: dict[GresKey, tuple[int, ...]] = {}
-        for it in self.allocated_gres.get(node, ()):
-            if it.indices:
-                out[it.key] = tuple(sorted(set(out.get(it.key, ())) | set(it.indices)))
-        return out
+        return gres_indices(self.allocated_gres.get(node, ()))
 
 
 @dataclass(frozen=True)

@@ -120,14 +120,21 @@ class CliBackend(SlurmBackend):
 
     def jobs(self) -> list[JobInfo]:
         jobs, risky = parse.parse_squeue_json_checked(self._run("squeue", "--json").stdout)
-        # squeue's gres_detail pairs devices with nodes only by position; scontrol -d names
-        # the node of every GRES group, so its allocation wins where both have one. Only
-        # scontrol -d prints the CPU ids per node. Every other field comes from the JSON:
-        # scontrol -o prints names and comments unescaped, so a job named "x Restarts=0"
-        # could forge fields there; such jobs keep the JSON's allocation only.
-        detail = parse.trusted_details(
-            parse.parse_scontrol_jobs(self._run("scontrol", "show", "job", "-d", "-o").stdout),
-            risky)
+        details = parse.parse_scontrol_jobs(
+            self._run("scontrol", "show", "job", "-d", "-o").stdout)
+        return self._completed(jobs, details, risky)
+
+    def _completed(self, jobs: list[JobInfo], details: list[JobInfo],
+                   risky: set[int]) -> list[JobInfo]:
+        """squeue's jobs with what only scontrol -d and squeue -O say.
+
+        squeue's gres_detail pairs devices with nodes only by position; scontrol -d names
+        the node of every GRES group, so its allocation wins where both have one. Only
+        scontrol -d prints the CPU ids per node. Every other field comes from the JSON:
+        scontrol -o prints names and comments unescaped, so a job named "x Restarts=0"
+        could forge fields there; such jobs keep the JSON's allocation only.
+        """
+        detail = parse.trusted_details(details, risky)
         out = [_with_allocation(j, detail[j.job_id]) if j.job_id in detail else j for j in jobs]
         if any(j.state == "PENDING" for j in out):
             sw = self._switch_requests()
@@ -167,11 +174,7 @@ class CliBackend(SlurmBackend):
         listed, risky = parse.parse_squeue_json_checked(self._run("squeue", "--json").stdout)
         base = next((j for j in listed if j.job_id == pick.job_id), None)
         if base is not None:
-            detail = parse.trusted_details(found, risky)
-            got = _with_allocation(base, detail[base.job_id]) if base.job_id in detail else base
-            if got.state == "PENDING":
-                got = replace(got, switches=self._switch_requests().get(got.job_id))
-            return got
+            return self._completed([base], found, risky)[0]
         why = parse.ambiguous_scontrol_job(out.stdout)
         if why:
             raise BackendError(f"job {ref}: scontrol's output cannot be trusted: {why}")

@@ -1,7 +1,7 @@
 """Pure parsers from Slurm 22.05 output to the typed values of :mod:`.backend`.
 
-No subprocess here: the CLI backend feeds these the text it ran, and tests and
-:mod:`.fake` feed them the recordings in ``tests/data/slurm/``. Only the fields hetslurm
+No subprocess here: the CLI backend feeds these the text it ran, and tests and the lab's
+fake Slurm feed them the recordings in ``tests/data/slurm/``. Only the fields hetslurm
 uses are read; fields Slurm adds are ignored.
 
 Tested schema: ``squeue --json`` and ``sinfo --json`` with ``meta.plugin.type ==
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
@@ -510,18 +510,23 @@ def _user_name(text: str | None) -> str | None:
     return text.split("(", 1)[0] or None
 
 
+def _node_groups(pairs: list[tuple[str, str]], key: str) -> Iterator[tuple[tuple[str, ...], str]]:
+    """The nodes and ``key``'s value of each ``Nodes=... key=...`` group of ``-d``."""
+    current: tuple[str, ...] = ()
+    for k, value in pairs:
+        if k == "Nodes":
+            current = units.expand_hostlist(value)
+        elif k == key and current:
+            yield current, value
+
+
 def parse_job_gres_detail(pairs: list[tuple[str, str]]) -> dict[str, tuple[GresItem, ...]]:
     """Per-node devices from the ``Nodes=... GRES=gpu:a100:2(IDX:0-1)`` groups of ``-d``."""
     out: dict[str, tuple[GresItem, ...]] = {}
-    current: tuple[str, ...] = ()
-    for key, value in pairs:
-        if key == "Nodes":
-            current = units.expand_hostlist(value)
-        elif key == "GRES" and current:
-            items = tuple(it for it in units.parse_gres(value) if it.count)
-            if items:
-                for node in current:
-                    out[node] = items
+    for nodes, value in _node_groups(pairs, "GRES"):
+        items = tuple(it for it in units.parse_gres(value) if it.count)
+        if items:
+            out.update(dict.fromkeys(nodes, items))
     return out
 
 
@@ -531,17 +536,12 @@ def parse_job_cpu_ids(pairs: list[tuple[str, str]]) -> dict[str, tuple[int, ...]
     A group names every node it covers, and each of them holds the same ids.
     """
     out: dict[str, tuple[int, ...]] = {}
-    current: tuple[str, ...] = ()
-    for key, value in pairs:
-        if key == "Nodes":
-            current = units.expand_hostlist(value)
-        elif key == "CPU_IDs" and current:
-            try:
-                ids = tuple(sorted(set(units.parse_indices(value))))
-            except ValueError as e:
-                raise BackendError(f"scontrol printed CPU_IDs={value!r}: {e}") from e
-            for node in current:
-                out[node] = ids
+    for nodes, value in _node_groups(pairs, "CPU_IDs"):
+        try:
+            ids = tuple(sorted(set(units.parse_indices(value))))
+        except ValueError as e:
+            raise BackendError(f"scontrol printed CPU_IDs={value!r}: {e}") from e
+        out.update(dict.fromkeys(nodes, ids))
     return out
 
 
