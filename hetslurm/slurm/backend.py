@@ -10,13 +10,13 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypedDict, Unpack, cast
+from typing import TYPE_CHECKING, ClassVar, TypedDict, Unpack, cast
 
 from hetslurm.errors import BackendError
-from hetslurm.slurm.units import UNLIMITED, GresItem, Limit, Unlimited, gres_indices
+from hetslurm.slurm.units import UNLIMITED, GresItem, Limit, gres_indices
 
 if TYPE_CHECKING:
     from hetslurm.slurm.sacct import SacctRecords
@@ -57,50 +57,8 @@ UNAVAILABLE_NODE_FLAGS = frozenset(
 )
 
 
-def gres_key_str(key: GresKey) -> str:
-    """``("gpu", "a100")`` to ``"gpu:a100"`` (``"gpu"`` when untyped), for JSON keys."""
-    name, gtype = key
-    return f"{name}:{gtype}" if gtype else name
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Unlimited):
-        return value.value
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, GresItem):
-        return {
-            "name": value.name,
-            "type": value.type,
-            "count": value.count,
-            "indices": None if value.indices is None else list(value.indices),
-        }
-    if isinstance(value, Mapping):
-        return {
-            (gres_key_str(k) if isinstance(k, tuple) else str(k)): _jsonable(v)
-            for k, v in value.items()
-        }
-    if isinstance(value, frozenset | set):
-        return sorted(_jsonable(v) for v in value)
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "__dataclass_fields__"):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in fields(value)}
-    return value
-
-
-class _ToDict:
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict: GRES keys as ``name:type``, times ISO 8601, UNLIMITED as text."""
-        out = _jsonable(self)
-        assert isinstance(out, dict)
-        return out
-
-
 @dataclass(frozen=True)
-class NodeInfo(_ToDict):
+class NodeInfo:
     """One node as Slurm sees it now.
 
     ``state`` holds the base state and every flag, upper-case, as scontrol spells them
@@ -150,7 +108,7 @@ class NodeInfo(_ToDict):
 
 
 @dataclass(frozen=True)
-class JobInfo(_ToDict):
+class JobInfo:
     """One job (or array task, or heterogeneous component).
 
     ``job_id`` is Slurm's unique id; ``array_job_id``/``array_task_id`` and
@@ -221,7 +179,7 @@ class JobInfo(_ToDict):
 
 
 @dataclass(frozen=True)
-class PartitionInfo(_ToDict):
+class PartitionInfo:
     """A partition: its nodes, limits (seconds or UNLIMITED) and configured TRES."""
 
     name: str
@@ -235,7 +193,7 @@ class PartitionInfo(_ToDict):
 
 
 @dataclass(frozen=True)
-class QosInfo(_ToDict):
+class QosInfo:
     """A QOS from the accounting database (TRES keys as Slurm names them)."""
 
     name: str
@@ -257,7 +215,7 @@ class Switches:
 
 
 @dataclass(frozen=True)
-class OutputFiles(_ToDict):
+class OutputFiles:
     """Where a job's stdout and stderr go (``scontrol show job``'s ``StdOut=``/``StdErr=``);
     None where Slurm did not say, or said it ambiguously."""
 
@@ -266,7 +224,7 @@ class OutputFiles(_ToDict):
 
 
 @dataclass(frozen=True)
-class Association(_ToDict):
+class Association:
     """One accounting association: an account's (``user`` None) or a user's in an account,
     with the QOS it may use."""
 
@@ -276,7 +234,7 @@ class Association(_ToDict):
 
 
 @dataclass(frozen=True)
-class Submission(_ToDict):
+class Submission:
     """A batch job sbatch accepted: its id, and what sbatch said on stderr (the job_submit
     plugin's ``slurm.log_user`` messages, warnings), empty when it said nothing."""
 
@@ -289,7 +247,7 @@ SUBMIT_BATCH_RPC = "REQUEST_SUBMIT_BATCH_JOB"
 
 
 @dataclass(frozen=True)
-class RpcStats(_ToDict):
+class RpcStats:
     """One message type of sdiag's "Remote Procedure Call statistics by message type": how
     many slurmctld served since its statistics were last reset, and the time it spent in
     them (microseconds; ``mean_us`` is sdiag's ``ave_time``, ``total_us`` its
@@ -301,7 +259,7 @@ class RpcStats(_ToDict):
 
 
 @dataclass(frozen=True)
-class ControllerStats(_ToDict):
+class ControllerStats:
     """slurmctld's own statistics (``sdiag``) since they were last reset.
 
     The counters are None when sdiag did not print them. ``rpcs`` maps a message type

@@ -96,7 +96,7 @@ def test_dry_run_changes_nothing(tmp_path: Path) -> None:
     log = ActionLog(tmp_path / "a.jsonl")
     warned(log, 1)
     before_log = log.path.read_bytes()
-    before = [j.to_dict() for j in fake.jobs()]
+    before = fake.jobs()
     c = ctx(action_log=str(log.path), lock_file=str(tmp_path / "lock"),
             non_batch_action="cancel", over_cap_action="requeue_hold")
     res = requeue_stalled(fake, StallRequest(apply=False),
@@ -104,7 +104,7 @@ def test_dry_run_changes_nothing(tmp_path: Path) -> None:
                           output_probe=append_probe, context=c)
     assert [d.action for d in res.decisions] == ["requeue", "warn", "warn"]
     assert not res.applied and res.outcomes == []
-    assert [j.to_dict() for j in fake.jobs()] == before
+    assert fake.jobs() == before
     assert log.path.read_bytes() == before_log
     assert not (tmp_path / "lock").exists()
 

@@ -135,8 +135,6 @@ def test_sdiag_report_to_typed_statistics() -> None:
                              "MESSAGE_NODE_REGISTRATION_STATUS"}
     # A type slurmctld served none of since the reset is not listed: zero.
     assert got.rpc("REQUEST_CANCEL_JOB") == RpcStats(0, 0, 0)
-    assert got.to_dict()["rpcs"][SUBMIT_BATCH_RPC] == {"count": 3, "mean_us": 701,
-                                                       "total_us": 2104}
 
 
 def test_sdiag_without_the_counters_says_unknown() -> None:
