@@ -220,12 +220,9 @@ class CliBackend(SlurmBackend):
         if (prefer := change.get("prefer")) is not None:
             fields.append(f"Prefer={prefer}")
         if (switches := change.get("switches")) is not None:
-            wait = (
-                f"@{units.format_time(switches.max_wait_s)}"
-                if switches.max_wait_s is not None
-                else ""
-            )
-            fields.append(f"Switches={switches.count}{wait}")
+            wait = switches.max_wait_s
+            fields.append(f"Switches={switches.count}"
+                          + ("" if wait is None else f"@{units.format_time(wait)}"))
         if (partition := change.get("partition")) is not None:
             fields.append(f"Partition={partition}")
         if (nodelist := change.get("nodelist")) is not None:
