@@ -87,14 +87,13 @@ class CliBackend(SlurmBackend):
     def env(self) -> Mapping[str, str]:
         return dict(self._env)
 
-    def _run(self, *argv: str, input: str | None = None,
-             timeout: float | None = None) -> CommandResult:
+    def _run(self, *argv: str, input: str | None = None, timeout: float | None = None,
+             check: bool = True) -> CommandResult:
         return run_command(argv, timeout=max(self.timeout, timeout or 0.0), env=self._env,
-                           input=input)
+                           input=input, check=check)
 
     def _run_object(self, what: str, *argv: str, timeout: float | None = None) -> CommandResult:
-        out = run_command(argv, timeout=max(self.timeout, timeout or 0.0), env=self._env,
-                          check=False)
+        out = self._run(*argv, timeout=timeout, check=False)
         if out.returncode == 0:
             return out
         # scontrol says "Node x not found" on stdout but "Invalid job id" on stderr.
@@ -304,8 +303,7 @@ class CliBackend(SlurmBackend):
     def cancel_jobs(self, job_ids: Sequence[JobRef]) -> None:
         if job_ids:
             # scancel exits non-zero when a job already ended; the others are still cancelled.
-            run_command(("scancel", *map(str, job_ids)), timeout=max(self.timeout, 60.0),
-                        env=self._env, check=False)
+            self._run("scancel", *map(str, job_ids), timeout=60.0, check=False)
 
     def batch_script(self, job_id: JobRef) -> str:
         # "-" writes the script to stdout instead of a file in the working directory.
@@ -341,8 +339,7 @@ class CliBackend(SlurmBackend):
     def _sacctmgr_change(self, *args: str, exist_ok: bool = False) -> None:
         # -i: commit without asking (sacctmgr otherwise waits for "y" on stdin).
         argv = ("sacctmgr", "-i", "-n", "-P", *args)
-        res = run_command(argv, timeout=max(self.timeout, SACCTMGR_TIMEOUT_S), env=self._env,
-                          check=False)
+        res = self._run(*argv, timeout=SACCTMGR_TIMEOUT_S, check=False)
         said = f"{res.stdout}\n{res.stderr}"
         if res.returncode == 0 or (exist_ok and any(m in said for m in _EXISTS_MARKERS)):
             return
