@@ -20,10 +20,8 @@ def status(backend: str, output_format: str) -> None:
 
     Nodes by class and state; GPUs and FPGAs by model, cores and memory: total,
     allocated, free and unavailable (on drained, down or reserved nodes). Slurm's
-    commands are pointed at a cluster by SLURM_CONF; --backend fake reads the
-    recording named by HETSLURM_FAKE_RECORDING.
+    commands are pointed at a cluster by SLURM_CONF.
     """
-    # The environment carries SLURM_CONF (and, for --backend fake, a recording to load).
     result = cluster_status(get_backend(backend, env=dict(os.environ)))
     if output_format == "json":
         emit(result.rows(), output_format, document=result.to_dict())
@@ -31,8 +29,3 @@ def status(backend: str, output_format: str) -> None:
     if output_format == "table":
         emit(result.node_rows(), output_format, title="Nodes")
     emit(result.rows(), output_format, title="Resources")
-
-
-def register(cli: click.Group) -> None:
-    """Add ``status`` to the ``hetslurm`` command group."""
-    cli.add_command(status)

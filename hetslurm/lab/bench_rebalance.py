@@ -77,8 +77,8 @@ def _names(nodes: int) -> list[str]:
 
 def cluster(jobs: int, nodes: int, pending: int) -> Any:
     """The synthetic FakeSlurm (deterministic): running jobs, pending jobs, nodes."""
+    from hetslurm.lab.fake_slurm import FakeSlurm
     from hetslurm.slurm.backend import JobInfo, NodeInfo, PartitionInfo
-    from hetslurm.slurm.fake import FakeSlurm
     from hetslurm.slurm.units import GresItem
 
     names = _names(nodes)

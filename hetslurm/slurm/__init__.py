@@ -1,10 +1,9 @@
-"""Access to Slurm: one interface, three backends, and Slurm's units in one place.
+"""Access to Slurm: one interface, two backends, and Slurm's units in one place.
 
 ``get_backend()`` picks an implementation of :class:`SlurmBackend`:
 
 - ``cli``: Slurm's command-line tools (JSON where 22.05 has it);
 - ``pyslurm``: only when pyslurm imports and was built for the running Slurm;
-- ``fake``: in memory, for tests (a recording directory can seed it);
 - ``auto``: pyslurm when usable, else the CLIs.
 
 Importing this package runs nothing and imports no optional binding.
@@ -35,14 +34,10 @@ from hetslurm.slurm.backend import (
 )
 from hetslurm.slurm.units import UNLIMITED, GresItem, Unlimited
 
-BACKENDS = ("auto", "cli", "pyslurm", "fake")
-
-#: ``env`` key that seeds the fake backend from a recording directory (tests, demos).
-FAKE_RECORDING_ENV = "HETSLURM_FAKE_RECORDING"
+BACKENDS = ("auto", "cli", "pyslurm")
 
 __all__ = [
     "BACKENDS",
-    "FAKE_RECORDING_ENV",
     "SUBMIT_BATCH_RPC",
     "UNLIMITED",
     "Association",
@@ -70,18 +65,12 @@ def get_backend(name: str = "auto", env: Mapping[str, str] | None = None) -> Slu
     """Return a Slurm backend.
 
     Args:
-        name: ``auto``, ``cli``, ``pyslurm`` or ``fake``.
-        env: extra environment for Slurm's commands (e.g. ``SLURM_CONF``); for ``fake``,
-            ``HETSLURM_FAKE_RECORDING`` names a recording directory to load.
+        name: ``auto``, ``cli`` or ``pyslurm``.
+        env: extra environment for Slurm's commands (e.g. ``SLURM_CONF``).
 
     Raises:
         BackendError: an unknown name, or ``pyslurm`` chosen where it cannot be used.
     """
-    if name == "fake":
-        from hetslurm.slurm.fake import FakeSlurm, load_recorded
-
-        recording = (env or {}).get(FAKE_RECORDING_ENV)
-        return load_recorded(recording) if recording else FakeSlurm()
     if name == "cli":
         from hetslurm.slurm.cli_backend import CliBackend
 

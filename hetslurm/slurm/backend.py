@@ -1,6 +1,6 @@
 """The Slurm access interface and the typed values it speaks.
 
-Every backend (Slurm CLIs, pyslurm, the in-memory fake) implements :class:`SlurmBackend`
+Every backend (Slurm CLIs, pyslurm; the lab's in-memory fake) implements :class:`SlurmBackend`
 and returns these frozen dataclasses; no raw Slurm string, sentinel or unit crosses this
 boundary (see :mod:`hetslurm.slurm.units`).
 """
@@ -10,13 +10,13 @@ from __future__ import annotations
 import abc
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypedDict, Unpack, cast
 
 from hetslurm.errors import BackendError
-from hetslurm.slurm.units import UNLIMITED, GresItem, Limit, Unlimited
+from hetslurm.slurm.units import UNLIMITED, GresItem, Limit, gres_indices
 
 if TYPE_CHECKING:
     from hetslurm.slurm.sacct import SacctRecords
@@ -57,50 +57,8 @@ UNAVAILABLE_NODE_FLAGS = frozenset(
 )
 
 
-def gres_key_str(key: GresKey) -> str:
-    """``("gpu", "a100")`` to ``"gpu:a100"`` (``"gpu"`` when untyped), for JSON keys."""
-    name, gtype = key
-    return f"{name}:{gtype}" if gtype else name
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Unlimited):
-        return value.value
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, enum.Enum):
-        return value.value
-    if isinstance(value, GresItem):
-        return {
-            "name": value.name,
-            "type": value.type,
-            "count": value.count,
-            "indices": None if value.indices is None else list(value.indices),
-        }
-    if isinstance(value, Mapping):
-        return {
-            (gres_key_str(k) if isinstance(k, tuple) else str(k)): _jsonable(v)
-            for k, v in value.items()
-        }
-    if isinstance(value, frozenset | set):
-        return sorted(_jsonable(v) for v in value)
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if hasattr(value, "__dataclass_fields__"):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in fields(value)}
-    return value
-
-
-class _ToDict:
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-able dict: GRES keys as ``name:type``, times ISO 8601, UNLIMITED as text."""
-        out = _jsonable(self)
-        assert isinstance(out, dict)
-        return out
-
-
 @dataclass(frozen=True)
-class NodeInfo(_ToDict):
+class NodeInfo:
     """One node as Slurm sees it now.
 
     ``state`` holds the base state and every flag, upper-case, as scontrol spells them
@@ -150,7 +108,7 @@ class NodeInfo(_ToDict):
 
 
 @dataclass(frozen=True)
-class JobInfo(_ToDict):
+class JobInfo:
     """One job (or array task, or heterogeneous component).
 
     ``job_id`` is Slurm's unique id; ``array_job_id``/``array_task_id`` and
@@ -217,15 +175,11 @@ class JobInfo(_ToDict):
 
     def gres_on(self, node: str) -> dict[GresKey, tuple[int, ...]]:
         """Device indices this job holds on ``node`` by kind."""
-        out: dict[GresKey, tuple[int, ...]] = {}
-        for it in self.allocated_gres.get(node, ()):
-            if it.indices:
-                out[it.key] = tuple(sorted(set(out.get(it.key, ())) | set(it.indices)))
-        return out
+        return gres_indices(self.allocated_gres.get(node, ()))
 
 
 @dataclass(frozen=True)
-class PartitionInfo(_ToDict):
+class PartitionInfo:
     """A partition: its nodes, limits (seconds or UNLIMITED) and configured TRES."""
 
     name: str
@@ -234,30 +188,22 @@ class PartitionInfo(_ToDict):
     state: str = "UP"
     max_time: Limit = UNLIMITED
     default_time: Limit = None
-    total_cpus: int = 0
-    total_nodes: int = 0
-    priority_tier: int = 1
     qos: str | None = None
     tres: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
-class QosInfo(_ToDict):
+class QosInfo:
     """A QOS from the accounting database (TRES keys as Slurm names them)."""
 
     name: str
     priority: int = 0
     flags: tuple[str, ...] = ()
-    preempt: tuple[str, ...] = ()
-    preempt_mode: str | None = None
     usage_factor: float = 1.0
     max_wall: Limit = None
-    grp_tres: Mapping[str, int] = field(default_factory=dict)
     max_tres_per_job: Mapping[str, int] = field(default_factory=dict)
-    max_tres_per_node: Mapping[str, int] = field(default_factory=dict)
     max_tres_per_user: Mapping[str, int] = field(default_factory=dict)
     max_jobs_per_user: int | None = None
-    max_submit_per_user: int | None = None
 
 
 @dataclass(frozen=True)
@@ -269,7 +215,7 @@ class Switches:
 
 
 @dataclass(frozen=True)
-class OutputFiles(_ToDict):
+class OutputFiles:
     """Where a job's stdout and stderr go (``scontrol show job``'s ``StdOut=``/``StdErr=``);
     None where Slurm did not say, or said it ambiguously."""
 
@@ -278,7 +224,7 @@ class OutputFiles(_ToDict):
 
 
 @dataclass(frozen=True)
-class Association(_ToDict):
+class Association:
     """One accounting association: an account's (``user`` None) or a user's in an account,
     with the QOS it may use."""
 
@@ -288,7 +234,7 @@ class Association(_ToDict):
 
 
 @dataclass(frozen=True)
-class Submission(_ToDict):
+class Submission:
     """A batch job sbatch accepted: its id, and what sbatch said on stderr (the job_submit
     plugin's ``slurm.log_user`` messages, warnings), empty when it said nothing."""
 
@@ -301,7 +247,7 @@ SUBMIT_BATCH_RPC = "REQUEST_SUBMIT_BATCH_JOB"
 
 
 @dataclass(frozen=True)
-class RpcStats(_ToDict):
+class RpcStats:
     """One message type of sdiag's "Remote Procedure Call statistics by message type": how
     many slurmctld served since its statistics were last reset, and the time it spent in
     them (microseconds; ``mean_us`` is sdiag's ``ave_time``, ``total_us`` its
@@ -313,7 +259,7 @@ class RpcStats(_ToDict):
 
 
 @dataclass(frozen=True)
-class ControllerStats(_ToDict):
+class ControllerStats:
     """slurmctld's own statistics (``sdiag``) since they were last reset.
 
     The counters are None when sdiag did not print them. ``rpcs`` maps a message type
@@ -343,6 +289,18 @@ class NodeStateChange(enum.Enum):
 
 #: A job is named by its unique id, or by squeue's spelling (``"5_1"``, ``"11+1"``).
 JobRef = int | str
+
+
+class JobChanges(TypedDict, total=False):
+    """The fields :meth:`SlurmBackend.update_job` may change; one not given (or None) stays."""
+
+    tres_per_node: Sequence[GresItem] | None
+    features: str | None
+    prefer: str | None
+    switches: Switches | None
+    partition: str | None
+    nodelist: Sequence[str] | None
+    admin_comment: str | None
 
 
 class SlurmBackend(abc.ABC):
@@ -390,18 +348,7 @@ class SlurmBackend(abc.ABC):
         """
 
     @abc.abstractmethod
-    def update_job(
-        self,
-        job_id: JobRef,
-        *,
-        tres_per_node: Sequence[GresItem] | None = None,
-        features: str | None = None,
-        prefer: str | None = None,
-        switches: Switches | None = None,
-        partition: str | None = None,
-        nodelist: Sequence[str] | None = None,
-        admin_comment: str | None = None,
-    ) -> None:
+    def update_job(self, job_id: JobRef, **changes: Unpack[JobChanges]) -> None:
         """Change fields of a (normally pending) job; only the given ones change.
 
         ``tres_per_node`` replaces the job's ``--gres`` request. An empty string for
@@ -573,18 +520,9 @@ class SlurmBackend(abc.ABC):
             raise ValueError(f"Slurm requires a reason to set a node {state.value}")
 
     @staticmethod
-    def _check_submit(script: str | Path | None, wrap: str | None) -> None:
-        if (script is None) == (wrap is None):
-            raise ValueError("submit_batch needs a script or a command to wrap, not both")
-
-    @staticmethod
-    def _check_grant(kind: str) -> None:
-        if kind not in ("user", "account"):
-            raise ValueError(f"a QOS is granted to a 'user' or an 'account', not {kind!r}")
-
-    @staticmethod
-    def _check_update(**given: object) -> dict[str, object]:
-        chosen = {k: v for k, v in given.items() if v is not None}
+    def _check_update(changes: JobChanges) -> JobChanges:
+        """The changes that are given (not None); at least one must be."""
+        chosen = cast(JobChanges, {k: v for k, v in changes.items() if v is not None})
         if not chosen:
             raise ValueError("update_job needs at least one field to change")
         return chosen

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+from typing import Unpack
 
 from hetslurm.errors import BackendError, CommandError, CommandFailure
 from hetslurm.process import CommandResult, run_command
@@ -24,6 +25,7 @@ from hetslurm.slurm import parse, units
 from hetslurm.slurm.backend import (
     Association,
     ControllerStats,
+    JobChanges,
     JobInfo,
     JobRef,
     NodeInfo,
@@ -37,7 +39,6 @@ from hetslurm.slurm.backend import (
     Switches,
 )
 from hetslurm.slurm.sacct import SacctRecords, parse_sacct_document
-from hetslurm.slurm.units import GresItem
 
 #: Seconds any one Slurm command may take before its process group is killed.
 DEFAULT_TIMEOUT_S = 30.0
@@ -86,25 +87,20 @@ class CliBackend(SlurmBackend):
     def env(self) -> Mapping[str, str]:
         return dict(self._env)
 
-    def _run(self, *argv: str, input: str | None = None,
-             timeout: float | None = None) -> CommandResult:
+    def _run(self, *argv: str, input: str | None = None, timeout: float | None = None,
+             check: bool = True) -> CommandResult:
         return run_command(argv, timeout=max(self.timeout, timeout or 0.0), env=self._env,
-                           input=input)
+                           input=input, check=check)
 
     def _run_object(self, what: str, *argv: str, timeout: float | None = None) -> CommandResult:
-        out = run_command(argv, timeout=max(self.timeout, timeout or 0.0), env=self._env,
-                          check=False)
+        out = self._run(*argv, timeout=timeout, check=False)
         if out.returncode == 0:
             return out
         # scontrol says "Node x not found" on stdout but "Invalid job id" on stderr.
         said = f"{out.stdout}\n{out.stderr}"
         if any(m in said for m in _NOT_FOUND_MARKERS):
             raise NotFoundError(f"{what} not found: {said.strip()}")
-        detail = said.strip().splitlines()[-1] if said.strip() else "no output"
-        raise CommandError(
-            f"'{' '.join(argv)}' failed with exit status {out.returncode}: {detail}",
-            CommandFailure(argv=out.argv, returncode=out.returncode, stderr=out.stderr),
-        )
+        raise _failed(out, said)
 
     def version(self) -> tuple[int, int, int]:
         """The Slurm version of the CLIs (``scontrol --version``)."""
@@ -123,14 +119,21 @@ class CliBackend(SlurmBackend):
 
     def jobs(self) -> list[JobInfo]:
         jobs, risky = parse.parse_squeue_json_checked(self._run("squeue", "--json").stdout)
-        # squeue's gres_detail pairs devices with nodes only by position; scontrol -d names
-        # the node of every GRES group, so its allocation wins where both have one. Only
-        # scontrol -d prints the CPU ids per node. Every other field comes from the JSON:
-        # scontrol -o prints names and comments unescaped, so a job named "x Restarts=0"
-        # could forge fields there; such jobs keep the JSON's allocation only.
-        detail = parse.trusted_details(
-            parse.parse_scontrol_jobs(self._run("scontrol", "show", "job", "-d", "-o").stdout),
-            risky)
+        details = parse.parse_scontrol_jobs(
+            self._run("scontrol", "show", "job", "-d", "-o").stdout)
+        return self._completed(jobs, details, risky)
+
+    def _completed(self, jobs: list[JobInfo], details: list[JobInfo],
+                   risky: set[int]) -> list[JobInfo]:
+        """squeue's jobs with what only scontrol -d and squeue -O say.
+
+        squeue's gres_detail pairs devices with nodes only by position; scontrol -d names
+        the node of every GRES group, so its allocation wins where both have one. Only
+        scontrol -d prints the CPU ids per node. Every other field comes from the JSON:
+        scontrol -o prints names and comments unescaped, so a job named "x Restarts=0"
+        could forge fields there; such jobs keep the JSON's allocation only.
+        """
+        detail = parse.trusted_details(details, risky)
         out = [_with_allocation(j, detail[j.job_id]) if j.job_id in detail else j for j in jobs]
         if any(j.state == "PENDING" for j in out):
             sw = self._switch_requests()
@@ -170,11 +173,7 @@ class CliBackend(SlurmBackend):
         listed, risky = parse.parse_squeue_json_checked(self._run("squeue", "--json").stdout)
         base = next((j for j in listed if j.job_id == pick.job_id), None)
         if base is not None:
-            detail = parse.trusted_details(found, risky)
-            got = _with_allocation(base, detail[base.job_id]) if base.job_id in detail else base
-            if got.state == "PENDING":
-                got = replace(got, switches=self._switch_requests().get(got.job_id))
-            return got
+            return self._completed([base], found, risky)[0]
         why = parse.ambiguous_scontrol_job(out.stdout)
         if why:
             raise BackendError(f"job {ref}: scontrol's output cannot be trusted: {why}")
@@ -194,7 +193,8 @@ class CliBackend(SlurmBackend):
 
     def submit_batch(self, script: str | Path | None = None, args: Sequence[str] = (), *,
                      wrap: str | None = None) -> Submission:
-        self._check_submit(script, wrap)
+        if (script is None) == (wrap is None):
+            raise ValueError("submit_batch needs a script or a command to wrap, not both")
         return self._sbatch(script, args, wrap, SUBMIT_TIMEOUT_S)
 
     def _sbatch(self, script: str | Path | None, args: Sequence[str], wrap: str | None,
@@ -208,47 +208,25 @@ class CliBackend(SlurmBackend):
             out = self._run("sbatch", "--parsable", *args, input=script, timeout=timeout)
         return Submission(parse.parse_sbatch_parsable(out.stdout), out.stderr)
 
-    def update_job(
-        self,
-        job_id: JobRef,
-        *,
-        tres_per_node: Sequence[GresItem] | None = None,
-        features: str | None = None,
-        prefer: str | None = None,
-        switches: Switches | None = None,
-        partition: str | None = None,
-        nodelist: Sequence[str] | None = None,
-        admin_comment: str | None = None,
-    ) -> None:
-        self._check_update(
-            tres_per_node=tres_per_node,
-            features=features,
-            prefer=prefer,
-            switches=switches,
-            partition=partition,
-            nodelist=nodelist,
-            admin_comment=admin_comment,
-        )
+    def update_job(self, job_id: JobRef, **changes: Unpack[JobChanges]) -> None:
+        change = self._check_update(changes)
         fields: list[str] = []
-        if tres_per_node is not None:
+        if (tres_per_node := change.get("tres_per_node")) is not None:
             # scontrol's "Gres=" sets tres_per_node; an empty value clears the request.
             fields.append(f"Gres={','.join(it.to_slurm() for it in tres_per_node)}")
-        if features is not None:
+        if (features := change.get("features")) is not None:
             fields.append(f"Features={features}")
-        if prefer is not None:
+        if (prefer := change.get("prefer")) is not None:
             fields.append(f"Prefer={prefer}")
-        if switches is not None:
-            wait = (
-                f"@{units.format_time(switches.max_wait_s)}"
-                if switches.max_wait_s is not None
-                else ""
-            )
-            fields.append(f"Switches={switches.count}{wait}")
-        if partition is not None:
+        if (switches := change.get("switches")) is not None:
+            wait = switches.max_wait_s
+            fields.append(f"Switches={switches.count}"
+                          + ("" if wait is None else f"@{units.format_time(wait)}"))
+        if (partition := change.get("partition")) is not None:
             fields.append(f"Partition={partition}")
-        if nodelist is not None:
+        if (nodelist := change.get("nodelist")) is not None:
             fields.append(f"ReqNodeList={units.compress_hostlist(nodelist) if nodelist else ''}")
-        if admin_comment is not None:
+        if (admin_comment := change.get("admin_comment")) is not None:
             fields.append(f"AdminComment={admin_comment}")
         self._run_object(f"job {job_id}", "scontrol", "update", f"JobId={job_id}", *fields)
 
@@ -325,8 +303,7 @@ class CliBackend(SlurmBackend):
     def cancel_jobs(self, job_ids: Sequence[JobRef]) -> None:
         if job_ids:
             # scancel exits non-zero when a job already ended; the others are still cancelled.
-            run_command(("scancel", *map(str, job_ids)), timeout=max(self.timeout, 60.0),
-                        env=self._env, check=False)
+            self._run("scancel", *map(str, job_ids), timeout=60.0, check=False)
 
     def batch_script(self, job_id: JobRef) -> str:
         # "-" writes the script to stdout instead of a file in the working directory.
@@ -362,16 +339,11 @@ class CliBackend(SlurmBackend):
     def _sacctmgr_change(self, *args: str, exist_ok: bool = False) -> None:
         # -i: commit without asking (sacctmgr otherwise waits for "y" on stdin).
         argv = ("sacctmgr", "-i", "-n", "-P", *args)
-        res = run_command(argv, timeout=max(self.timeout, SACCTMGR_TIMEOUT_S), env=self._env,
-                          check=False)
+        res = self._run(*argv, timeout=SACCTMGR_TIMEOUT_S, check=False)
         said = f"{res.stdout}\n{res.stderr}"
         if res.returncode == 0 or (exist_ok and any(m in said for m in _EXISTS_MARKERS)):
             return
-        detail = said.strip().splitlines()[-1] if said.strip() else "no output"
-        raise CommandError(
-            f"'{' '.join(argv)}' failed with exit status {res.returncode}: {detail}",
-            CommandFailure(argv=res.argv, returncode=res.returncode, stderr=res.stderr),
-        )
+        raise _failed(res, said)
 
     def clusters(self) -> list[str]:
         return parse.parse_sacctmgr_column(self._sacctmgr_show("cluster", "format=cluster"))
@@ -418,12 +390,22 @@ class CliBackend(SlurmBackend):
 
     def grant_qos(self, qos: str, kind: str, name: str, cluster: str, *, account: str = "",
                   revoke: bool = False) -> None:
-        self._check_grant(kind)
+        if kind not in ("user", "account"):
+            raise ValueError(f"a QOS is granted to a 'user' or an 'account', not {kind!r}")
         where = [f"name={name}", f"cluster={cluster}"]
         if account:
             where.append(f"account={account}")
         self._sacctmgr_change("modify", kind, "where", *where, "set",
                               f"qos{'-=' if revoke else '+='}{qos}")
+
+
+def _failed(res: CommandResult, said: str) -> CommandError:
+    """The error for a command that failed; ``said`` is its stdout and stderr together."""
+    detail = said.strip().splitlines()[-1] if said.strip() else "no output"
+    return CommandError(
+        f"'{' '.join(res.argv)}' failed with exit status {res.returncode}: {detail}",
+        CommandFailure(argv=res.argv, returncode=res.returncode, stderr=res.stderr),
+    )
 
 
 def _settings(settings: Mapping[str, str]) -> list[str]:

@@ -1,7 +1,7 @@
 """Pure parsers from Slurm 22.05 output to the typed values of :mod:`.backend`.
 
-No subprocess here: the CLI backend feeds these the text it ran, and tests and
-:mod:`.fake` feed them the recordings in ``tests/data/slurm/``. Only the fields hetslurm
+No subprocess here: the CLI backend feeds these the text it ran, and tests and the lab's
+fake Slurm feed them the recordings in ``tests/data/slurm/``. Only the fields hetslurm
 uses are read; fields Slurm adds are ignored.
 
 Tested schema: ``squeue --json`` and ``sinfo --json`` with ``meta.plugin.type ==
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
@@ -510,18 +510,23 @@ def _user_name(text: str | None) -> str | None:
     return text.split("(", 1)[0] or None
 
 
+def _node_groups(pairs: list[tuple[str, str]], key: str) -> Iterator[tuple[tuple[str, ...], str]]:
+    """The nodes and ``key``'s value of each ``Nodes=... key=...`` group of ``-d``."""
+    current: tuple[str, ...] = ()
+    for k, value in pairs:
+        if k == "Nodes":
+            current = units.expand_hostlist(value)
+        elif k == key and current:
+            yield current, value
+
+
 def parse_job_gres_detail(pairs: list[tuple[str, str]]) -> dict[str, tuple[GresItem, ...]]:
     """Per-node devices from the ``Nodes=... GRES=gpu:a100:2(IDX:0-1)`` groups of ``-d``."""
     out: dict[str, tuple[GresItem, ...]] = {}
-    current: tuple[str, ...] = ()
-    for key, value in pairs:
-        if key == "Nodes":
-            current = units.expand_hostlist(value)
-        elif key == "GRES" and current:
-            items = tuple(it for it in units.parse_gres(value) if it.count)
-            if items:
-                for node in current:
-                    out[node] = items
+    for nodes, value in _node_groups(pairs, "GRES"):
+        items = tuple(it for it in units.parse_gres(value) if it.count)
+        if items:
+            out.update(dict.fromkeys(nodes, items))
     return out
 
 
@@ -531,17 +536,12 @@ def parse_job_cpu_ids(pairs: list[tuple[str, str]]) -> dict[str, tuple[int, ...]
     A group names every node it covers, and each of them holds the same ids.
     """
     out: dict[str, tuple[int, ...]] = {}
-    current: tuple[str, ...] = ()
-    for key, value in pairs:
-        if key == "Nodes":
-            current = units.expand_hostlist(value)
-        elif key == "CPU_IDs" and current:
-            try:
-                ids = tuple(sorted(set(units.parse_indices(value))))
-            except ValueError as e:
-                raise BackendError(f"scontrol printed CPU_IDs={value!r}: {e}") from e
-            for node in current:
-                out[node] = ids
+    for nodes, value in _node_groups(pairs, "CPU_IDs"):
+        try:
+            ids = tuple(sorted(set(units.parse_indices(value))))
+        except ValueError as e:
+            raise BackendError(f"scontrol printed CPU_IDs={value!r}: {e}") from e
+        out.update(dict.fromkeys(nodes, ids))
     return out
 
 
@@ -626,9 +626,6 @@ def parse_scontrol_partitions(text: str) -> list[PartitionInfo]:
                 # MaxTime=UNLIMITED is the default; None would mean "not printed".
                 max_time=units.UNLIMITED if max_time is None else max_time,
                 default_time=units.time_seconds(_first(rec, "DefaultTime")),
-                total_cpus=_int(_first(rec, "TotalCPUs")) or 0,
-                total_nodes=_int(_first(rec, "TotalNodes")) or 0,
-                priority_tier=_int(_first(rec, "PriorityTier")) or 1,
                 qos=units.text_or_none(_first(rec, "QoS")),
                 tres=units.parse_tres(_first(rec, "TRES")),
             )
@@ -656,16 +653,11 @@ def parse_sacctmgr_qos(text: str) -> list[QosInfo]:
                 name=row["Name"],
                 priority=_int(row.get("Priority")) or 0,
                 flags=_split_list(row.get("Flags")),
-                preempt=_split_list(row.get("Preempt")),
-                preempt_mode=units.text_or_none(row.get("PreemptMode")),
                 usage_factor=float(usage) if usage else 1.0,
                 max_wall=units.time_seconds(row.get("MaxWall")),
-                grp_tres=units.parse_tres(row.get("GrpTRES")),
                 max_tres_per_job=units.parse_tres(row.get("MaxTRES")),
-                max_tres_per_node=units.parse_tres(row.get("MaxTRESPerNode")),
                 max_tres_per_user=units.parse_tres(row.get("MaxTRESPU")),
                 max_jobs_per_user=_int(row.get("MaxJobsPU")),
-                max_submit_per_user=_int(row.get("MaxSubmitPU")),
             )
         )
     return out

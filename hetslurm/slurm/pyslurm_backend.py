@@ -37,12 +37,6 @@ def load_pyslurm() -> ModuleType | None:
     return _loaded
 
 
-def load_error() -> BaseException | None:
-    """Why pyslurm could not be imported (None if it imported or was not tried)."""
-    load_pyslurm()
-    return _load_error
-
-
 def pyslurm_slurm_version(mod: ModuleType) -> tuple[int, int] | None:
     """The Slurm major.minor pyslurm was built for (pyslurm's own version follows it)."""
     for attr in ("slurm_version", "version", "__version__"):

@@ -124,26 +124,22 @@ def time_seconds(text: str | None) -> Limit:
     s = text.strip()
     if s in _UNLIMITED_TEXT:
         return UNLIMITED
-    days = 0
+    days: int | None = None
     if "-" in s:
         d, _, s = s.partition("-")
         if not d.isdigit():
             raise ValueError(f"not a Slurm time: {text!r}")
         days = int(d)
-        parts = s.split(":")
-        if not all(p.isdigit() for p in parts) or len(parts) > 3:
-            raise ValueError(f"not a Slurm time: {text!r}")
-        hms = [int(p) for p in parts] + [0] * (3 - len(parts))
-        return days * 86400 + hms[0] * 3600 + hms[1] * 60 + hms[2]
     parts = s.split(":")
     if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
         raise ValueError(f"not a Slurm time: {text!r}")
     nums = [int(p) for p in parts]
-    if len(nums) == 1:
-        return nums[0] * 60
-    if len(nums) == 2:
-        return nums[0] * 60 + nums[1]
-    return nums[0] * 3600 + nums[1] * 60 + nums[2]
+    if days is not None:  # D-HH, D-HH:MM, D-HH:MM:SS
+        h, m, sec = nums + [0] * (3 - len(nums))
+        return days * 86400 + h * 3600 + m * 60 + sec
+    if len(nums) == 3:  # HH:MM:SS
+        return nums[0] * 3600 + nums[1] * 60 + nums[2]
+    return nums[0] * 60 + (nums[1] if len(nums) == 2 else 0)  # MM, MM:SS
 
 
 def minutes_limit(value: int | None) -> Limit:
@@ -343,14 +339,6 @@ def gres_indices(items: Iterable[GresItem]) -> dict[tuple[str, str | None], tupl
         if it.indices:
             out[it.key] = tuple(sorted(set(out.get(it.key, ())) | set(it.indices)))
     return out
-
-
-def format_gres_request(items: Iterable[GresItem]) -> str:
-    """Items to the ``gres:name:type:count`` TRES form Slurm 22.05 takes in tres_per_node.
-
-    ``gres/`` is refused there as an invalid TRES specification (measured on 22.05).
-    """
-    return ",".join(f"gres:{it.to_slurm()}" for it in items)
 
 
 # ------------------------------------------------------------------------------- TRES

@@ -21,6 +21,7 @@ import pandas as pd
 import pytest
 
 from hetslurm.audit.run import AuditRequest, run_audit
+from hetslurm.lab.fake_slurm import FakeSlurm
 from hetslurm.metrics.collector import Collector
 from hetslurm.metrics.exporter import serve
 from hetslurm.metrics.fake_nvml import FakeNvml, scenario_for_devices
@@ -29,7 +30,6 @@ from hetslurm.metrics.promread import read_prometheus
 from hetslurm.metrics.store import SegmentStore
 from hetslurm.site import Site
 from hetslurm.slurm.backend import JobInfo
-from hetslurm.slurm.fake import FakeSlurm
 from hetslurm.slurm.units import GresItem
 from hetslurm.testbed.packages import apt_install
 

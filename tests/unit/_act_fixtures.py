@@ -7,10 +7,10 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
+from hetslurm.lab.fake_slurm import FakeSlurm
 from hetslurm.policy.stall import Context
 from hetslurm.site.schema import Stall, Usage
 from hetslurm.slurm.backend import JobInfo, NodeInfo
-from hetslurm.slurm.fake import FakeSlurm
 from hetslurm.slurm.units import GresItem
 
 NOW = 1_800_000_000.0

@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from hetslurm.lab.fake_slurm import FakeSlurm
 from hetslurm.site import Site, load_site
 from hetslurm.slurm.backend import JobInfo, NodeInfo, PartitionInfo
-from hetslurm.slurm.fake import FakeSlurm
 from hetslurm.slurm.units import GresItem
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,10 +20,10 @@ from hetslurm.act.log import ActionLog
 from hetslurm.act.run import context_for
 from hetslurm.act.stall import execute, plan
 from hetslurm.errors import BackendError
+from hetslurm.lab.fake_slurm import FakeSlurm
 from hetslurm.policy.stall import Context, SiteModels
 from hetslurm.site import load_site
 from hetslurm.slurm.backend import JobInfo, JobRef
-from hetslurm.slurm.fake import FakeSlurm
 from hetslurm.slurm.units import GresItem
 
 DEMO = Path(__file__).resolve().parents[2] / "site-configs" / "demo.toml"

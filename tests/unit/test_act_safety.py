@@ -97,7 +97,7 @@ def test_dry_run_changes_nothing(tmp_path: Path) -> None:
     log = ActionLog(tmp_path / "a.jsonl")
     warned(log, 1)
     before_log = log.path.read_bytes()
-    before = [j.to_dict() for j in fake.jobs()]
+    before = fake.jobs()
     c = ctx(action_log=str(log.path), lock_file=str(tmp_path / "lock"),
             non_batch_action="cancel", over_cap_action="requeue_hold")
     res = requeue_stalled(fake, StallRequest(apply=False),
@@ -105,7 +105,7 @@ def test_dry_run_changes_nothing(tmp_path: Path) -> None:
                           output_probe=append_probe, context=c)
     assert [d.action for d in res.decisions] == ["requeue", "warn", "warn"]
     assert not res.applied and res.outcomes == []
-    assert [j.to_dict() for j in fake.jobs()] == before
+    assert fake.jobs() == before
     assert log.path.read_bytes() == before_log
     assert not (tmp_path / "lock").exists()
 
@@ -177,9 +177,11 @@ def test_stall_section_loads_and_is_checked(tmp_path: Path) -> None:
         assert key in str(e.value)
 
 
-def test_cli_dry_run_prints_the_table(tmp_path: Path) -> None:
-    res = CliRunner().invoke(cli, ["act", "requeue-stalled", "--backend", "fake", "--format",
-                                   "json", "--log", str(tmp_path / "a.jsonl"),
+def test_cli_dry_run_prints_the_table(tmp_path: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("hetslurm.slurm.get_backend", lambda *a, **k: cluster())
+    res = CliRunner().invoke(cli, ["act", "requeue-stalled", "--format", "json", "--log",
+                                   str(tmp_path / "a.jsonl"),
                                    "--store", str(tmp_path / "nostore")])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
@@ -190,9 +192,9 @@ def test_cli_dry_run_prints_the_table(tmp_path: Path) -> None:
 
 def test_cli_apply_with_the_lock_held_exits_zero_at_once(tmp_path: Path) -> None:
     with RunLock(tmp_path / "lock"):
-        res = CliRunner().invoke(cli, ["act", "requeue-stalled", "--backend", "fake",
-                                       "--apply", "--lock", str(tmp_path / "lock"),
-                                       "--log", str(tmp_path / "a.jsonl")])
+        res = CliRunner().invoke(cli, ["act", "requeue-stalled", "--apply", "--lock",
+                                       str(tmp_path / "lock"), "--log",
+                                       str(tmp_path / "a.jsonl")])
     assert res.exit_code == 0
     assert "another run holds" in res.stderr
     assert not (tmp_path / "a.jsonl").exists()

@@ -15,9 +15,9 @@ from _act_fixtures import HOUR, NOW, append_probe, cluster, ctx, job, samples
 from hetslurm.act.log import ActionLog
 from hetslurm.act.stall import execute, plan
 from hetslurm.errors import BackendError
+from hetslurm.lab.fake_slurm import FakeSlurm
 from hetslurm.policy.stall import gate
 from hetslurm.site.schema import Usage
-from hetslurm.slurm.fake import FakeSlurm
 from hetslurm.slurm.units import GresItem
 
 

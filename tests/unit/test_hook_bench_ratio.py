@@ -68,8 +68,8 @@ def test_sdiag_total_time_is_read() -> None:
     # The per-submission figure is the rise of total_time; the lines as 22.05's sdiag prints
     # them, read by the access layer.
     from hetslurm.lab import bench_hook as bench
+    from hetslurm.lab.fake_slurm import FakeSlurm
     from hetslurm.slurm import parse
-    from hetslurm.slurm.fake import FakeSlurm
 
     fake = FakeSlurm()
     fake.stats = parse.parse_sdiag(
@@ -85,8 +85,8 @@ def test_sdiag_total_time_is_read() -> None:
 
 def test_queue_depth_and_job_limit_come_from_the_access_layer() -> None:
     from hetslurm.lab import bench_hook as bench
+    from hetslurm.lab.fake_slurm import FakeSlurm
     from hetslurm.slurm import JobInfo
-    from hetslurm.slurm.fake import FakeSlurm
 
     fake = FakeSlurm(jobs=[JobInfo(1, state="PENDING"), JobInfo(2, state="RUNNING"),
                            JobInfo(3, state="COMPLETED")], config={"MaxJobCount": "20000"})

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from hetslurm.errors import BackendError
+from hetslurm.lab.fake_slurm import FakeSlurm
 from hetslurm.metrics.collector import Collector
 from hetslurm.metrics.fake_nvml import FakeNvml, Scenario, scenario_for_devices
 from hetslurm.metrics.gres import parse_gres_conf
 from hetslurm.metrics.store import SegmentStore
 from hetslurm.slurm.backend import JobInfo, NodeInfo
-from hetslurm.slurm.fake import FakeSlurm
 from hetslurm.slurm.units import GresItem
 
 GRES = "\n".join([

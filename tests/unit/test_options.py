@@ -172,7 +172,7 @@ RULE_COMMANDS: dict[str, list[str]] = {
     "explain": ["explain", "--comment", "het: gpus=1", "--format", "json"],
     "hook render": ["hook", "render", "--rules"],
     "hook install": ["hook", "install", "--conf-dir", "{tmp}", "--format", "json"],
-    "rebalance": ["rebalance", "--backend", "fake", "--format", "json",
+    "rebalance": ["rebalance", "--backend", "cli", "--format", "json",
                   "--conf-dir", "{tmp}"],
     "simulate": ["simulate", "--trace", "{trace}", "--trace-format", "philly", "--params",
                  str(PARAMS), "--format", "json"],

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from hetslurm.errors import PlacementError
+from hetslurm.lab.fake_slurm import FakeSlurm
 from hetslurm.placement import model as layout
 from hetslurm.placement.model import ClusterModel, NodeLayout, StateArrays
 from hetslurm.placement.place import ScoreWeights, place, place_batch
@@ -19,7 +20,6 @@ from hetslurm.placement.state import SCHEMA, LiveState, NodeState, RunningJob
 from hetslurm.request.language import Locality, Request
 from hetslurm.site.load import load_site
 from hetslurm.slurm.backend import JobInfo, NodeInfo
-from hetslurm.slurm.fake import FakeSlurm
 from hetslurm.slurm.units import GresItem
 
 pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")

@@ -15,13 +15,13 @@ import pytest
 from click.testing import CliRunner, Result
 
 from hetslurm.cli import cli
+from hetslurm.lab.fake_slurm import FakeSlurm
 from hetslurm.lab.validate_placement import compare
 from hetslurm.placement import ClusterModel, LiveState, NodeState, RunningJob, place
 from hetslurm.placement.enact import slurm_args
 from hetslurm.request.language import Request
 from hetslurm.site import load_site
 from hetslurm.slurm import GresItem, JobInfo, NodeInfo
-from hetslurm.slurm.fake import FakeSlurm
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "site-configs" / "demo.toml"

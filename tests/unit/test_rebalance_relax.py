@@ -25,9 +25,9 @@ from _rebalance_fixtures import (
 from hetslurm.act.log import ActionLog
 from hetslurm.act.rebalance import RebalanceRequest, RebalanceResult, rebalance
 from hetslurm.errors import BackendError
+from hetslurm.lab.fake_slurm import FakeSlurm
 from hetslurm.site.schema import Rebalance
 from hetslurm.slurm.backend import Switches
-from hetslurm.slurm.fake import FakeSlurm
 from hetslurm.slurm.units import GresItem
 
 SITE = demo_site()

@@ -207,7 +207,7 @@ def test_second_process_exits_within_a_second(tmp_path: Path) -> None:
     with RunLock(tmp_path / "rebalance.lock"):
         t0 = time.monotonic()
         out = subprocess.run([sys.executable, "-m", "hetslurm", "rebalance", "--site",
-                              str(path), "--apply", "--backend", "fake"],
+                              str(path), "--apply"],
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
         took = time.monotonic() - t0
     assert out.returncode == 0 and "another run holds" in out.stderr, out.stderr

@@ -15,12 +15,12 @@ from click.testing import CliRunner
 from hetslurm.cli import cli
 from hetslurm.errors import ConfigError, TestbedError
 from hetslurm.lab import validate_simulate as v
+from hetslurm.lab.fake_slurm import FakeSlurm
 from hetslurm.placement.model import ClusterModel
 from hetslurm.simulate.params import load_params
 from hetslurm.simulate.workload import node_weights
 from hetslurm.site.load import load_site
 from hetslurm.slurm import NodeInfo
-from hetslurm.slurm.fake import FakeSlurm
 from hetslurm.slurm.sacct import parse_sacct_document
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
 """The access layer's typed methods beyond nodes and jobs: the controller (config, ping,
 reconfigure, node states), job chores (active ids, cancel, batch script, output files),
 accounting (sacct records) and the accounting database (sacctmgr), each on the CLI backend
-with stand-in commands and on the fake; the parsers on recorded and 22.05-format output."""
+with stand-in commands; the parsers on recorded and 22.05-format output."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from _slurm_stubs import stub_backend
 
 from hetslurm.act.output_mode import SlurmOutputProbe
 from hetslurm.errors import CommandError
+from hetslurm.lab.fake_slurm import FakeSlurm
 from hetslurm.slurm import Association, NotSupportedError, OutputFiles, get_backend, parse
-from hetslurm.slurm.backend import JobInfo, NodeInfo, NotFoundError, QosInfo, SlurmBackend
+from hetslurm.slurm.backend import NodeInfo, NotFoundError, SlurmBackend
 from hetslurm.slurm.cli_backend import COMMANDS, CliBackend, missing_commands
-from hetslurm.slurm.fake import FakeSlurm, load_recorded
 from hetslurm.slurm.sacct import SacctDocumentError, SacctRecordError, parse_sacct_document
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
@@ -159,13 +159,6 @@ def test_sacct_documents_refused_whole_and_records_one_by_one() -> None:
         records.decode(records.raws[0])
 
 
-def test_the_fake_serves_the_recorded_accounting() -> None:
-    fake = load_recorded(DATA)
-    records = fake.accounting_jobs(0, 1)
-    assert len(records) == 12
-    assert FakeSlurm().accounting_jobs(0, 1).raws == []
-
-
 # ---------------------------------------------------------------- the accounting database
 def test_sacctmgr_reads(cli: CliBackend) -> None:
     assert cli.clusters() == ["hetdemo"]
@@ -211,46 +204,6 @@ def test_sacctmgr_changes(cli: CliBackend) -> None:
         "sacctmgr -i -n -P modify account where name=lvfast cluster=hetdemo set qos-=lvtrain",
         "sacctmgr -i -n -P add qos broken Bogus=1",
     ]
-
-
-def test_the_fake_keeps_an_accounting_database() -> None:
-    fake = FakeSlurm(qos=[QosInfo("normal")])
-    fake.add_account("hetslurm", "fake")
-    fake.add_user("root", "hetslurm", "fake")
-    fake.add_user("root", "hetslurm", "fake", exist_ok=True)
-    fake.set_user_qos("root", ["normal"], "normal")
-    fake.add_qos("lvtrain", {"Priority": "10", "MaxTRESPerUser": "gres/gpu:h100=2",
-                             "MaxWall": "01:00:00"})
-    fake.modify_qos("lvtrain", {"MaxTRESPerUser": "gres/gpu:h100=-1", "UsageFactor": "2"})
-    q = {x.name: x for x in fake.qos()}["lvtrain"]
-    assert (q.priority, q.usage_factor, dict(q.max_tres_per_user), q.max_wall) == (
-        10, 2.0, {}, 3600)
-    fake.grant_qos("lvtrain", "user", "root", "fake")
-    assert {a.user: a.qos for a in fake.associations("fake")} == {
-        None: frozenset(), "root": frozenset({"normal", "lvtrain"})}
-    fake.grant_qos("lvtrain", "user", "root", "fake", revoke=True)
-    fake.delete_qos("lvtrain")
-    assert [x.name for x in fake.qos()] == ["normal"]
-    with pytest.raises(NotFoundError):
-        fake.delete_qos("lvtrain")
-    assert fake.clusters() == ["fake"] and fake.accounts() == ["hetslurm"]
-
-
-def test_the_fake_controller() -> None:
-    fake = FakeSlurm(nodes=[NodeInfo("n1", frozenset({"IDLE"}), cpus_total=1),
-                            NodeInfo("n2", frozenset({"IDLE", "DRAIN"}), cpus_total=1)],
-                     jobs=[JobInfo(5, state="COMPLETED")], config={"JobFileAppend": "0"})
-    running, pending = fake.submit("#!/bin/sh\n"), fake.submit("#!/bin/sh\n")
-    assert fake.active_job_ids() == [running, pending]
-    assert fake.node_states() == {"n1": "allocated", "n2": "drained"}
-    fake.cancel_jobs([running, pending, 5, 12345])
-    assert fake.active_job_ids() == []
-    assert fake.job(5).state == "COMPLETED"  # finished jobs stay as they were
-    assert fake.ping() is None
-    fake.controller_up = False
-    assert fake.ping() is not None
-    fake.reconfigure()
-    assert fake.reconfigures == 1 and fake.config() == {"JobFileAppend": "0"}
 
 
 # ---------------------------------------------------------------- support and commands

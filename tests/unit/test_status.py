@@ -9,9 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from hetslurm.cli.status_cmd import status
-from hetslurm.slurm import FAKE_RECORDING_ENV
+from hetslurm.lab.fake_slurm import FakeSlurm, load_recorded
 from hetslurm.slurm.backend import NodeInfo, NodeStateChange
-from hetslurm.slurm.fake import FakeSlurm, load_recorded
 from hetslurm.status import ClusterStatus, cluster_status, summarize
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
@@ -84,18 +83,19 @@ def test_status_follows_the_fake_through_a_drain() -> None:
 
 
 def test_cli_json_and_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(FAKE_RECORDING_ENV, str(DATA))
+    monkeypatch.setattr("hetslurm.cli.status_cmd.get_backend",
+                        lambda *a, **k: load_recorded(DATA))
     runner = CliRunner()
-    res = runner.invoke(status, ["--backend", "fake", "--format", "json"])
+    res = runner.invoke(status, ["--format", "json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert [g["model"] for g in doc["gpus"]] == ["a100", "h100"]
     assert doc["gpus"][0]["unavailable"] == 2
     assert doc["fpgas"][0]["model"] == "u280"
     assert doc["nodes_by_state"]["gpu"]["draining"] == 1
-    table = runner.invoke(status, ["--backend", "fake"])
+    table = runner.invoke(status, [])
     assert table.exit_code == 0 and "a100" in table.output and "unavailable" in table.output
-    csv = runner.invoke(status, ["--backend", "fake", "--format", "csv"])
+    csv = runner.invoke(status, ["--format", "csv"])
     assert csv.output.splitlines()[0].startswith("resource,model,unit,total")
 
 

@@ -1,9 +1,10 @@
-"""An in-memory Slurm for unit tests, and loaders for recorded Slurm output.
+"""An in-memory Slurm for unit tests and the lab's benches, and a loader for recorded
+Slurm output. Not a product backend: the proof runs against real Slurm.
 
 :class:`FakeSlurm` keeps nodes with typed GRES and device indices, places jobs first-fit
 by node weight (lowest weight first, as Slurm does), hands out the lowest free indices,
 frees them on cancel/requeue, and honours drain. It is not a scheduler model: no
-priorities, no backfill, one node per job.
+priorities, no backfill, one node per job, no feature constraints.
 
 :func:`load_recorded` builds backend objects from the files in ``tests/data/slurm/`` with
 the same parsers the CLI backend uses.
@@ -17,14 +18,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Unpack
 
 from hetslurm.errors import BackendError
 from hetslurm.slurm import parse, units
 from hetslurm.slurm.backend import (
     SUBMIT_BATCH_RPC,
-    Association,
     ControllerStats,
     GresKey,
+    JobChanges,
     JobInfo,
     JobRef,
     NodeInfo,
@@ -34,8 +36,6 @@ from hetslurm.slurm.backend import (
     PartitionInfo,
     QosInfo,
     SlurmBackend,
-    Submission,
-    Switches,
 )
 from hetslurm.slurm.sacct import SacctRecords, parse_sacct_document
 from hetslurm.slurm.units import GresItem
@@ -66,8 +66,6 @@ class FakeSlurm(SlurmBackend):
         first_job_id: int = 1,
         config: Mapping[str, str] | None = None,
         accounting: SacctRecords | None = None,
-        associations: Iterable[Association] = (),
-        cluster: str = "fake",
     ) -> None:
         self._nodes: dict[str, NodeInfo] = {n.name: n for n in nodes}
         self._jobs: dict[int, JobInfo] = {j.job_id: j for j in jobs}
@@ -84,18 +82,9 @@ class FakeSlurm(SlurmBackend):
         self.outputs: dict[int, OutputFiles] = {}
         #: The controller's configuration as ``scontrol show config`` would print it.
         self.config_values: dict[str, str] = dict(config or {})
-        #: False: the controller does not answer (``ping`` says so, like scontrol ping).
-        self.controller_up = True
-        #: How many times ``reconfigure`` was called.
-        self.reconfigures = 0
         #: What sdiag would print: submissions are counted (taking no time) until a reset.
         self.stats = _zero_stats()
         self._accounting = accounting or SacctRecords([])
-        #: The accounting database: clusters, accounts, associations (QOS are ``_qos``).
-        self.cluster_names: list[str] = [cluster]
-        self.account_names: list[str] = sorted({a.account for a in associations})
-        self._assoc: dict[tuple[str, str | None], Association] = {
-            (a.account, a.user): a for a in associations}
 
     # ---------------------------------------------------------------- reading
     def nodes(self) -> list[NodeInfo]:
@@ -154,15 +143,6 @@ class FakeSlurm(SlurmBackend):
         self.schedule()
         return job_id
 
-    def submit_batch(self, script: str | Path | None = None, args: Sequence[str] = (), *,
-                     wrap: str | None = None) -> Submission:
-        self._check_submit(script, wrap)
-        if wrap is not None:
-            # The script sbatch writes around a --wrap command.
-            script = f"#!/bin/sh\n# This script was created by sbatch --wrap.\n\n{wrap}\n"
-        assert script is not None
-        return Submission(self.submit(script, args))
-
     def schedule(self) -> None:
         """Start every pending, unheld job that fits on one node now."""
         for job in sorted(self._jobs.values(), key=lambda j: j.job_id):
@@ -180,8 +160,6 @@ class FakeSlurm(SlurmBackend):
         if node.unavailable or node.cpus_alloc >= node.cpus_total:
             return None
         if job.partition and node.partitions and job.partition not in node.partitions:
-            return None
-        if job.features and not _features_match(job.features, node.active_features):
             return None
         out = []
         for want in job.tres_per_node:
@@ -254,44 +232,23 @@ class FakeSlurm(SlurmBackend):
             raise BackendError(f"Job is no longer pending execution for job {job_id}")
         return job
 
-    def update_job(
-        self,
-        job_id: JobRef,
-        *,
-        tres_per_node: Sequence[GresItem] | None = None,
-        features: str | None = None,
-        prefer: str | None = None,
-        switches: Switches | None = None,
-        partition: str | None = None,
-        nodelist: Sequence[str] | None = None,
-        admin_comment: str | None = None,
-    ) -> None:
-        self._check_update(
-            tres_per_node=tres_per_node,
-            features=features,
-            prefer=prefer,
-            switches=switches,
-            partition=partition,
-            nodelist=nodelist,
-            admin_comment=admin_comment,
-        )
+    def update_job(self, job_id: JobRef, **changes: Unpack[JobChanges]) -> None:
+        change = self._check_update(changes)
         jid = self._resolve(job_id)
         job = self._jobs[jid]
-        if admin_comment is not None:
+        if (admin_comment := change.get("admin_comment")) is not None:
             job = replace(job, admin_comment=admin_comment or None)
-        if any(
-            v is not None for v in (tres_per_node, features, prefer, partition, nodelist, switches)
-        ):
+        if change.keys() - {"admin_comment"}:
             job = replace(self._pending_only(jid), admin_comment=job.admin_comment)
-        if tres_per_node is not None:
+        if (tres_per_node := change.get("tres_per_node")) is not None:
             job = replace(job, tres_per_node=tuple(tres_per_node))
-        if features is not None:
+        if (features := change.get("features")) is not None:
             job = replace(job, features=features or None)
-        if prefer is not None:
+        if (prefer := change.get("prefer")) is not None:
             job = replace(job, prefer=prefer or None)
-        if partition is not None:
+        if (partition := change.get("partition")) is not None:
             job = replace(job, partition=partition)
-        if switches is not None:
+        if (switches := change.get("switches")) is not None:
             job = replace(job, switches=switches if switches.count else None)
         self._jobs[jid] = job
 
@@ -362,24 +319,11 @@ class FakeSlurm(SlurmBackend):
     def config(self) -> dict[str, str]:
         return dict(self.config_values)
 
-    def ping(self) -> str | None:
-        return None if self.controller_up else "Slurmctld(primary) at fake is DOWN"
-
-    def reconfigure(self) -> None:
-        self.reconfigures += 1
-
     def controller_stats(self) -> ControllerStats:
         return self.stats
 
     def reset_controller_stats(self) -> None:
         self.stats = _zero_stats()
-
-    def node_states(self) -> dict[str, str]:
-        return {n.name: n.state_label + ("*" if "NOT_RESPONDING" in n.state else "")
-                for n in self._nodes.values()}
-
-    def active_job_ids(self) -> list[int]:
-        return [j.job_id for j in self._jobs.values() if j.state in _ACTIVE_STATES]
 
     def queued_ids(self, jobs: Sequence[JobRef] = (), states: Sequence[str] = ()) -> list[str]:
         refs = {str(j) for j in jobs}
@@ -413,10 +357,6 @@ class FakeSlurm(SlurmBackend):
         return self.outputs.get(self._resolve(job_id), OutputFiles())
 
     # ---------------------------------------------------------------- accounting
-    def accounting_jobs(self, since: float, until: float) -> SacctRecords:
-        """Every record the fake was given (it does not filter by time)."""
-        return self._accounting
-
     def accounting_jobs_by_id(self, job_ids: Sequence[JobRef], *, all_users: bool = False,
                               allocations_only: bool = False) -> SacctRecords:
         """The records the fake was given of these jobs (by id or array id)."""
@@ -430,118 +370,10 @@ class FakeSlurm(SlurmBackend):
                 keep.append(raw)
         return SacctRecords(keep)
 
-    def clusters(self) -> list[str]:
-        return list(self.cluster_names)
-
-    def accounts(self) -> list[str]:
-        return list(self.account_names)
-
-    def associations(self, cluster: str) -> list[Association]:
-        return list(self._assoc.values()) if cluster in self.cluster_names else []
-
-    def add_cluster(self, name: str, *, exist_ok: bool = False) -> None:
-        self._add(self.cluster_names, name, "cluster", exist_ok)
-
-    def add_account(self, name: str, cluster: str, *, description: str = "",
-                    organization: str = "", exist_ok: bool = False) -> None:
-        self._add(self.account_names, name, "account", exist_ok)
-        self._assoc.setdefault((name, None), Association(name))
-
-    def add_user(self, name: str, account: str, cluster: str, *,
-                 exist_ok: bool = False) -> None:
-        if (account, name) in self._assoc and not exist_ok:
-            raise BackendError(f"user {name} in account {account} already exists")
-        if account not in self.account_names:
-            raise NotFoundError(f"account '{account}' not found")
-        self._assoc.setdefault((account, name), Association(account, name))
-
-    def set_user_qos(self, name: str, qos: Sequence[str], default_qos: str) -> None:
-        for key, a in list(self._assoc.items()):
-            if a.user == name:
-                self._assoc[key] = replace(a, qos=frozenset(qos))
-
-    def add_qos(self, name: str, settings: Mapping[str, str], *, description: str = "",
-                exist_ok: bool = False) -> None:
-        if any(q.name == name for q in self._qos):
-            if exist_ok:
-                return
-            raise BackendError(f"qos {name} already exists")
-        self._qos.append(_qos_with(QosInfo(name), settings))
-
-    def modify_qos(self, name: str, settings: Mapping[str, str]) -> None:
-        i = self._qos_index(name)
-        self._qos[i] = _qos_with(self._qos[i], settings)
-
-    def delete_qos(self, name: str) -> None:
-        del self._qos[self._qos_index(name)]
-
-    def grant_qos(self, qos: str, kind: str, name: str, cluster: str, *, account: str = "",
-                  revoke: bool = False) -> None:
-        self._check_grant(kind)
-        for key, a in list(self._assoc.items()):
-            who = a.user if kind == "user" else (a.account if a.user is None else None)
-            if who != name or (account and a.account != account):
-                continue
-            self._assoc[key] = replace(a, qos=a.qos - {qos} if revoke else a.qos | {qos})
-
-    def _qos_index(self, name: str) -> int:
-        for i, q in enumerate(self._qos):
-            if q.name == name:
-                return i
-        raise NotFoundError(f"qos '{name}' not found")
-
-    @staticmethod
-    def _add(names: list[str], name: str, what: str, exist_ok: bool) -> None:
-        if name in names:
-            if not exist_ok:
-                raise BackendError(f"{what} {name} already exists")
-            return
-        names.append(name)
-
 
 def _zero_stats() -> ControllerStats:
     return ControllerStats(server_thread_count=1, agent_queue_size=0, dbd_agent_queue_size=0,
                            jobs_submitted=0, rpcs={})
-
-
-def _qos_with(q: QosInfo, settings: Mapping[str, str]) -> QosInfo:
-    """``q`` with sacctmgr's ``Key=Value`` settings applied (the keys levers writes; ``-1``
-    clears a limit, as in sacctmgr)."""
-    def tres(old: Mapping[str, int], text: str) -> dict[str, int]:
-        out = dict(old)
-        for part in text.split(","):
-            k, _, v = part.partition("=")
-            if v.strip() == "-1":
-                out.pop(k.strip(), None)
-            else:
-                out.update(units.parse_tres(part))
-        return out
-
-    for key, value in settings.items():
-        k = key.lower()
-        if k == "priority":
-            q = replace(q, priority=int(value))
-        elif k == "usagefactor":
-            q = replace(q, usage_factor=float(value))
-        elif k == "maxjobsperuser":
-            q = replace(q, max_jobs_per_user=None if value == "-1" else int(value))
-        elif k == "maxwall":
-            wall = None if value == "-1" else units.time_seconds(value)
-            q = replace(q, max_wall=wall)
-        elif k == "maxtresperuser":
-            q = replace(q, max_tres_per_user=tres(q.max_tres_per_user, value))
-        elif k == "maxtresperjob":
-            q = replace(q, max_tres_per_job=tres(q.max_tres_per_job, value))
-        else:
-            raise BackendError(f"the fake does not model QOS setting {key!r}")
-    return q
-
-
-def _features_match(expr: str, active: Sequence[str]) -> bool:
-    # Only the "a|b" and "a&b" forms hetslurm writes; brackets and counts are not modelled.
-    if "|" in expr:
-        return any(f in active for f in expr.split("|"))
-    return all(f in active for f in expr.split("&"))
 
 
 def _sbatch_options(script: str, args: Sequence[str]) -> dict[str, str]:
