@@ -57,13 +57,17 @@ def chain_block(which: str, text: str) -> str:
         raise ValueError(which)
     if "@@" in text:
         raise ConfigError(f"chained {which} script contains '@@', which the renderer reserves")
+    # Lua 5.2+ takes the globals from the local _ENV; 5.1 ignores it and uses setfenv,
+    # which 5.2+ no longer has (rawget: the stand-in's strict globals refuse a missing name).
     return (
         f"CHAIN.{which} = (function()\n"
         "  local env = setmetatable({}, { __index = _G })\n"
         "  local chunk = function(...)\n"
+        "    local _ENV = env\n"
         f"{text.rstrip()}\n"
         "\n  end\n"
-        "  setfenv(chunk, env)\n"
+        "  local setfenv = rawget(_G, 'setfenv')\n"
+        "  if setfenv then setfenv(chunk, env) end\n"
         "  chunk()\n"
         "  return env\n"
         "end)()\n"

@@ -226,15 +226,21 @@ local function unset(spec)
   return spec.default
 end
 
+-- The plugin hands numbers over with lua_pushnumber: floats from Lua 5.3 on (1000.0).
+local function pushed(v)
+  if math.type and type(v) == "number" then return v + 0.0 end
+  return v
+end
+
 function H.make_job(values, submit)
   local vals = {}
-  for k, v in pairs(values) do vals[k] = v end
+  for k, v in pairs(values) do vals[k] = pushed(v) end
   local mt = {}
   mt.__index = function(_, k)
     local spec = FIELDS[k]
     if not spec then return nil end
     local v = vals[spec.alias or k]
-    if v == nil then return unset(spec) end
+    if v == nil then return pushed(unset(spec)) end
     return v
   end
   mt.__newindex = function(_, k, v)
@@ -278,8 +284,6 @@ local function copy(t)
 end
 
 function H.load(text, chunkname)
-  local chunk, err = loadstring(text, chunkname)
-  if not chunk then return nil, err end
   local slurm = make_slurm()
   local loading = true
   local allowed = { slurm_job_submit = true, slurm_job_modify = true }
@@ -299,7 +303,16 @@ function H.load(text, chunkname)
       error("the hook wrote the global " .. tostring(k), 2)
     end,
   })
-  setfenv(chunk, G)
+  -- The plugin's own globals for its Lua: setfenv/unpack exist in 5.1 only, load's env
+  -- argument from 5.2.
+  local chunk, err
+  if setfenv then
+    chunk, err = loadstring(text, chunkname)
+    if chunk then setfenv(chunk, G) end
+  else
+    chunk, err = load(text, chunkname, "t", G)
+  end
+  if not chunk then return nil, err end
   current = { writes = {} }
   local ok, rc = pcall(chunk)
   loading = false
@@ -317,7 +330,7 @@ end
 
 function H.submit(G, job, uid)
   current = { writes = {} }
-  local ok, rc = pcall(rawget(G, "slurm_job_submit"), job, {}, uid or 0)
+  local ok, rc = pcall(rawget(G, "slurm_job_submit"), job, {}, pushed(uid or 0))
   local out = current
   out.ok = ok
   if ok then out.rc = rc else out.err = tostring(rc) end
@@ -326,7 +339,7 @@ end
 
 function H.modify(G, job, rec, uid)
   current = { writes = {} }
-  local ok, rc = pcall(rawget(G, "slurm_job_modify"), job, rec, {}, uid or 0)
+  local ok, rc = pcall(rawget(G, "slurm_job_modify"), job, rec, {}, pushed(uid or 0))
   local out = current
   out.ok = ok
   if ok then out.rc = rc else out.err = tostring(rc) end
@@ -360,7 +373,8 @@ class CallResult:
 
 @dataclass
 class HookRuntime:
-    """One rendered hook loaded into a fresh Lua 5.1 runtime with the strict stand-ins."""
+    """One rendered hook loaded into a fresh runtime (Lua 5.1, or ``$HETSLURM_LUA``) with the
+    strict stand-ins."""
 
     text: str
     chunkname: str = "job_submit.lua"
