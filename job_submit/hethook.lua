@@ -773,10 +773,10 @@ local function fast_decide(job, rules, hetreq, source, text)
   if n > 0 then
     local models = #gpu_models
     if models == 1 then
-      stage(d, "tres_per_node", "gres:gpu:" .. gpu_models[1] .. ":" .. decimal(n), tpn)
+      stage(d, "tres_per_node", rules.gres .. "gpu:" .. gpu_models[1] .. ":" .. decimal(n), tpn)
       gpu_text = gpu_models[1]
     else
-      stage(d, "tres_per_node", "gres:gpu:" .. decimal(n), tpn)
+      stage(d, "tres_per_node", rules.gres .. "gpu:" .. decimal(n), tpn)
       if models > 1 then
         feature = cls.gpu_text
       end
@@ -988,7 +988,7 @@ local function stage_devices(d, job, req, r, rules, gx, fx, loc)
     if gx then
       if #gpu_models == 1 then
         -- The job's own count, now typed: hard.
-        local typed = "gres:gpu:" .. gpu_models[1] .. ":" .. decimal(gx.count or 1)
+        local typed = rules.gres .. "gpu:" .. gpu_models[1] .. ":" .. decimal(gx.count or 1)
         typed_tres = replace_entry(gx.value, gx.index, typed)
         stage(d, gx.field, typed_tres, gx.value)
         if gx.field ~= "tres_per_node" then
@@ -1000,9 +1000,9 @@ local function stage_devices(d, job, req, r, rules, gx, fx, loc)
     else
       local count = decimal(r.gpu_count)
       if #gpu_models == 1 then
-        gres_new = "gres:gpu:" .. gpu_models[1] .. ":" .. count
+        gres_new = rules.gres .. "gpu:" .. gpu_models[1] .. ":" .. count
       else
-        gres_new = "gres:gpu:" .. count
+        gres_new = rules.gres .. "gpu:" .. count
         if #gpu_models > 1 then
           feature, nfeatures = join(gpu_models, "|"), 1
         end
@@ -1015,9 +1015,9 @@ local function stage_devices(d, job, req, r, rules, gx, fx, loc)
   if fpga_job and not fx then
     local entry
     if #fpga_models == 1 then
-      entry = "gres:fpga:" .. fpga_models[1] .. ":" .. decimal(req.fpgas_per_node)
+      entry = rules.gres .. "fpga:" .. fpga_models[1] .. ":" .. decimal(req.fpgas_per_node)
     else
-      entry = "gres:fpga:" .. decimal(req.fpgas_per_node)
+      entry = rules.gres .. "fpga:" .. decimal(req.fpgas_per_node)
       if #fpga_models > 1 then
         nfeatures = nfeatures + 1
         feature = feature or join(fpga_models, "|")

@@ -26,8 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hetslurm.hook.render import rendered_for
 from hetslurm.request import _lua
 from hetslurm.site.hook_rules import lua_literal
+from hetslurm.slurm import versions
 
 NO_VAL8 = 254
 NO_VAL16 = 65534
@@ -177,7 +179,7 @@ ERRNO_2205 = {
 }
 
 _HARNESS = b"""
-local FIELDS, CONSTANTS = ...
+local FIELDS, CONSTANTS, RELEASE, GRES = ...
 local H = {}
 local current = { log = {}, user = {}, writes = {} }
 
@@ -253,7 +255,18 @@ function H.make_job(values, submit)
       if type(v) ~= "string" then
         error("job_desc." .. k .. " must be set to a string, not a " .. type(v), 2)
       end
-      if k == "gres" and string.sub(v, 1, 5) ~= "gres:" then v = "gres:" .. v end
+      if k == "gres" and string.sub(v, 1, 5) ~= GRES then v = GRES .. v end
+      if string.sub(k, 1, 9) == "tres_per_" then
+        -- Slurm validates the job after the hook: a gres written in another release's form
+        -- is refused ("gres:gpu:1" from 24.11 on, "gres/gpu:1" on 22.05).
+        for entry in string.gmatch(v, "[^,]+") do
+          if string.sub(entry, 1, 4) == "gres" and string.sub(entry, 1, 5) ~= GRES then
+            error("job_desc." .. k .. " = '" .. v .. "': Slurm " .. RELEASE .. " refuses it "
+              .. "(Invalid Trackable RESource (TRES) specification); it writes a gres as '"
+              .. GRES .. "gpu:...'", 2)
+          end
+        end
+      end
       local w = current.writes
       w[#w + 1] = k
       w[#w + 1] = v
@@ -374,10 +387,12 @@ class CallResult:
 @dataclass
 class HookRuntime:
     """One rendered hook loaded into a fresh runtime (Lua 5.1, or ``$HETSLURM_LUA``) with the
-    strict stand-ins."""
+    strict stand-ins of one Slurm release: ``slurm`` (``"24.11"``), by default the release
+    the text was rendered for."""
 
     text: str
     chunkname: str = "job_submit.lua"
+    slurm: str | None = None
     load_log: tuple[tuple[str, str], ...] = field(default=(), init=False)
     _lua: Any = field(default=None, init=False, repr=False)
     _h: Any = field(default=None, init=False, repr=False)
@@ -387,7 +402,9 @@ class HookRuntime:
         self._lua = _lua.new_runtime()
         fields = self._lua.execute(b"return " + lua_literal(FIELDS).encode())
         constants = self._lua.execute(b"return " + lua_literal(CONSTANTS).encode())
-        self._h = self._lua.execute(_HARNESS, fields, constants)
+        release = versions.release(self.slurm or rendered_for(self.text))
+        self._h = self._lua.execute(_HARNESS, fields, constants, release.name.encode(),
+                                    release.gres_prefix.encode())
         result = self._h.load(self.text.encode("utf-8"), ("@" + self.chunkname).encode())
         parts = list(result) if isinstance(result, tuple) else [result]
         g, err, out = ([*parts, None, None, None])[:3]
