@@ -225,7 +225,7 @@ def slurm_release(slurm_version: str | None, *, conf_dir: str | Path | None = No
         return versions.release(slurm_version).name
     conf = Path(conf_dir) / "slurm.conf" if conf_dir is not None else None
     try:
-        return versions.installed(conf).name
+        return versions.installed(conf)[0].name
     except BackendError:
         if fallback:
             return versions.DEFAULT

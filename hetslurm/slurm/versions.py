@@ -53,11 +53,13 @@ def release(version: str | tuple[int, ...]) -> Release:
     return RELEASES[name]
 
 
-def installed(slurm_conf: str | os.PathLike[str] | None = None) -> Release:
+def installed(slurm_conf: str | os.PathLike[str] | None = None, *,
+              root: str | os.PathLike[str] | None = None) -> tuple[Release, str]:
     """The supported release of the Slurm installed here: ``slurmctld -V`` or ``slurmd -V``
     where a daemon is installed (they need no configuration), else ``scontrol --version``,
     which on 22.05 needs a readable slurm.conf (``slurm_conf``, else ``$SLURM_CONF``, else
-    Slurm's default).
+    Slurm's default). ``root``: ask the Slurm installed in that Debian root (through chroot).
+    Returns the release and the full version (``"24.11.5"``).
 
     Raises:
         BackendError: no Slurm answers here; the message says to name the release instead.
@@ -67,6 +69,7 @@ def installed(slurm_conf: str | os.PathLike[str] | None = None) -> Release:
     if slurm_conf is not None:
         env["SLURM_CONF"] = os.fspath(slurm_conf)
     tried = []
+    prefix = ["chroot", os.fspath(root)] if root is not None else []
     for argv in (["slurmctld", "-V"], ["slurmd", "-V"], ["scontrol", "--version"]):
         conf = env.get("SLURM_CONF")
         if argv[0] == "scontrol" and conf and not os.path.isfile(conf):
@@ -74,7 +77,8 @@ def installed(slurm_conf: str | os.PathLike[str] | None = None) -> Release:
             tried.append(f"{conf} does not exist")
             continue
         try:
-            return release(run_command(argv, timeout=10, env=env).stdout)
+            said = run_command([*prefix, *argv], timeout=10, env=env).stdout
+            return release(said), said.split()[-1]
         except BackendError as e:
             tried.append(str(e))
     raise BackendError(f"cannot tell which Slurm runs here ({'; '.join(tried)}); give "

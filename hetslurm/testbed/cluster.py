@@ -322,7 +322,7 @@ class Testbed:
         from hetslurm.hook.render import render_hook
 
         try:
-            res = validate_text(render_hook(site, slurm=versions.installed().name).text, site)
+            res = validate_text(render_hook(site, slurm=versions.installed()[0].name).text, site)
         except PlacementError as exc:
             raise TestbedError(f"the job_submit hook cannot be checked ({exc}); the testbed "
                                "does not boot without it") from exc
@@ -340,7 +340,7 @@ class Testbed:
         from hetslurm.hook.install import install_hook
 
         try:
-            res = install_hook(site, self.etc, slurm=versions.installed().name)
+            res = install_hook(site, self.etc, slurm=versions.installed()[0].name)
         except PlacementError as exc:
             raise TestbedError(f"the job_submit hook cannot be installed ({exc}); the testbed "
                                "does not boot without it") from exc
