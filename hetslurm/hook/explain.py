@@ -307,7 +307,7 @@ def explain(
     res = rt.submit(values)
     if not res.ok:
         outcome = "hook-error"
-    elif res.rc != 0:
+    elif res.rc != 0 or res.refused:
         outcome = "rejected"
     elif res.writes:
         outcome = "rewritten"
@@ -319,7 +319,8 @@ def explain(
         if isinstance(v, str) and "{" in v and f in ("admin_comment", "comment"):
             record = v
     ex = Explanation(
-        outcome=outcome, rc=res.rc, messages=list(res.user_messages), writes=list(res.writes),
+        outcome=outcome, rc=res.rc, writes=list(res.writes),
+        messages=list(res.user_messages) + ([res.refused] if res.refused else []),
         job_before=values, record=record, hook=head,
         log=[f"{lvl}: {msg}" for lvl, msg in res.log] + ([res.error] if res.error else []),
     )

@@ -261,9 +261,9 @@ function H.make_job(values, submit)
         -- is refused ("gres:gpu:1" from 24.11 on, "gres/gpu:1" on 22.05).
         for entry in string.gmatch(v, "[^,]+") do
           if string.sub(entry, 1, 4) == "gres" and string.sub(entry, 1, 5) ~= GRES then
-            error("job_desc." .. k .. " = '" .. v .. "': Slurm " .. RELEASE .. " refuses it "
-              .. "(Invalid Trackable RESource (TRES) specification); it writes a gres as '"
-              .. GRES .. "gpu:...'", 2)
+            current.refused = "Invalid Trackable RESource (TRES) specification: Slurm "
+              .. RELEASE .. " refuses " .. k .. "=" .. v .. " (it writes a gres as '" .. GRES
+              .. "gpu:...'; was the hook rendered for another release?)"
           end
         end
       end
@@ -373,10 +373,13 @@ class CallResult:
     writes: tuple[tuple[str, Any], ...]
     user_messages: tuple[str, ...]
     log: tuple[tuple[str, str], ...]
+    #: Why slurmctld would refuse the job after the hook accepted it (a field it wrote in a
+    #: form this Slurm release does not take), or None.
+    refused: str | None = None
 
     @property
     def accepted(self) -> bool:
-        return self.ok and self.rc == 0
+        return self.ok and self.rc == 0 and self.refused is None
 
     @property
     def fields(self) -> dict[str, Any]:
@@ -461,6 +464,7 @@ def _result(out: Any) -> CallResult:
         writes=_pairs(writes),
         user_messages=tuple(user if isinstance(user, list) else []),
         log=tuple((e[0], e[1]) for e in (log if isinstance(log, list) else [])),
+        refused=data.get("refused"),
     )
 
 

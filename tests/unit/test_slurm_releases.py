@@ -55,10 +55,11 @@ def test_a_hook_rendered_for_another_release_is_caught(demo: Site) -> None:
     assert rendered_for(old) == "22.05"
     res = HookRuntime(old, slurm="24.11").submit(
         {"user_name": "root", "script": script("#HET gpus=1 gpu-type=a100")})
-    # The write fails as slurmctld would refuse the job; the hook fails open and logs it.
-    assert any("Slurm 24.11 refuses it (Invalid Trackable RESource (TRES) specification)"
-               in text for _, text in res.log), res.log
-    assert "tres_per_node" not in res.fields
+    # slurmctld refuses the job after the hook accepted it (seen on a real 24.11.5).
+    assert res.rc == 0 and not res.accepted
+    assert res.refused == ("Invalid Trackable RESource (TRES) specification: Slurm 24.11 "
+                           "refuses tres_per_node=gres:gpu:a100:1 (it writes a gres as "
+                           "'gres/gpu:...'; was the hook rendered for another release?)")
 
 
 @pytest.mark.parametrize(("given", "name"), [
@@ -75,3 +76,14 @@ def test_release_reads_every_spelling(given: str | tuple[int, ...], name: str) -
 def test_an_unsupported_release_is_named(demo: Site, given: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         render_hook(demo, slurm=given)
+
+
+def test_explain_says_slurm_refuses_a_hook_left_from_another_release(demo: Site) -> None:
+    from hetslurm.hook.explain import explain
+
+    old = render_hook(demo, slurm="22.05").text
+    ex = explain(script("#HET gpus=1 gpu-type=a100"), demo, hook_text=old, slurm="24.11")
+    assert ex.outcome == "rejected"
+    assert ex.messages[-1].startswith("Invalid Trackable RESource (TRES) specification")
+    ex = explain(script("#HET gpus=1 gpu-type=a100"), demo, slurm="24.11")
+    assert ex.outcome == "rewritten" and ("tres_per_node", "gres/gpu:a100:1") in ex.writes
