@@ -45,7 +45,23 @@ for i = 0, 256 do
   DECIMAL[i] = tostring(i)
 end
 local function decimal(n)
-  return DECIMAL[n] or tostring(n)
+  local t = DECIMAL[n]
+  if t then
+    return t
+  end
+  -- Lua 5.3+ (RPM builds of the plugin link it) prints an integral float as "4.0".
+  if n == math_floor(n) then
+    return string_format("%d", n)
+  end
+  return tostring(n)
+end
+
+-- Any value as log text, numbers without a float's ".0" (see decimal).
+local function as_text(v)
+  if type(v) == "number" then
+    return decimal(v)
+  end
+  return tostring(v)
 end
 
 -- Slurm's "no value" sentinels as the 22.05 plugin hands them over (slurm.h).
@@ -298,7 +314,7 @@ local function request_text(job)
   local comment = job.comment
   -- An anchored find: no substring is made for the usual comment that is not a request.
   local from_comment = type(comment) == "string" and string_find(comment, "^het:") ~= nil
-  local count = #lines / 2
+  local count = math_floor(#lines / 2)
   if count > 0 and from_comment then
     return nil, nil, nil, string_format("#HET line %d: the job has #HET lines and a "
       .. "--comment starting with 'het:'; give the request once", lines[1])
@@ -329,7 +345,7 @@ end
 
 -- The line an error belongs to: the first prefix of lines that fails with the same message.
 local function locate_error(hetreq, lines, message)
-  local count = #lines / 2
+  local count = math_floor(#lines / 2)
   if count == 1 then
     return lines[1]
   end
@@ -757,10 +773,10 @@ local function fast_decide(job, rules, hetreq, source, text)
   if n > 0 then
     local models = #gpu_models
     if models == 1 then
-      stage(d, "tres_per_node", "gres:gpu:" .. gpu_models[1] .. ":" .. decimal(n), tpn)
+      stage(d, "tres_per_node", rules.gres .. "gpu:" .. gpu_models[1] .. ":" .. decimal(n), tpn)
       gpu_text = gpu_models[1]
     else
-      stage(d, "tres_per_node", "gres:gpu:" .. decimal(n), tpn)
+      stage(d, "tres_per_node", rules.gres .. "gpu:" .. decimal(n), tpn)
       if models > 1 then
         feature = cls.gpu_text
       end
@@ -972,7 +988,7 @@ local function stage_devices(d, job, req, r, rules, gx, fx, loc)
     if gx then
       if #gpu_models == 1 then
         -- The job's own count, now typed: hard.
-        local typed = "gres:gpu:" .. gpu_models[1] .. ":" .. decimal(gx.count or 1)
+        local typed = rules.gres .. "gpu:" .. gpu_models[1] .. ":" .. decimal(gx.count or 1)
         typed_tres = replace_entry(gx.value, gx.index, typed)
         stage(d, gx.field, typed_tres, gx.value)
         if gx.field ~= "tres_per_node" then
@@ -984,9 +1000,9 @@ local function stage_devices(d, job, req, r, rules, gx, fx, loc)
     else
       local count = decimal(r.gpu_count)
       if #gpu_models == 1 then
-        gres_new = "gres:gpu:" .. gpu_models[1] .. ":" .. count
+        gres_new = rules.gres .. "gpu:" .. gpu_models[1] .. ":" .. count
       else
-        gres_new = "gres:gpu:" .. count
+        gres_new = rules.gres .. "gpu:" .. count
         if #gpu_models > 1 then
           feature, nfeatures = join(gpu_models, "|"), 1
         end
@@ -999,9 +1015,9 @@ local function stage_devices(d, job, req, r, rules, gx, fx, loc)
   if fpga_job and not fx then
     local entry
     if #fpga_models == 1 then
-      entry = "gres:fpga:" .. fpga_models[1] .. ":" .. decimal(req.fpgas_per_node)
+      entry = rules.gres .. "fpga:" .. fpga_models[1] .. ":" .. decimal(req.fpgas_per_node)
     else
-      entry = "gres:fpga:" .. decimal(req.fpgas_per_node)
+      entry = rules.gres .. "fpga:" .. decimal(req.fpgas_per_node)
       if #fpga_models > 1 then
         nfeatures = nfeatures + 1
         feature = feature or join(fpga_models, "|")
@@ -1259,7 +1275,7 @@ function M.decide(job, rules, hetreq, slurm)
   if req.priority == "high" and not may_use_high(job, rules) then
     return reject(d, C.access, string_format("%spriority=high is not allowed for user %s "
       .. "(site policy); use priority=normal or ask the site's admins", loc("priority"),
-      printable(tostring(job.user_name or job.user_id), 40)))
+      printable(as_text(job.user_name or job.user_id), 40)))
   end
   if r.qos then
     stage_or_keep(d, "qos", r.qos, job.qos, loc(given["priority"] and "priority" or "class"),
@@ -1279,12 +1295,12 @@ end
 function M.describe(d, job_label)
   local parts = { "hetslurm:", job_label, d.action }
   if d.action == "reject" then
-    parts[#parts + 1] = "code=" .. tostring(d.code)
+    parts[#parts + 1] = "code=" .. as_text(d.code)
     parts[#parts + 1] = d.message
   else
     local w = d.writes
     for i = 1, d.nw * 3, 3 do
-      parts[#parts + 1] = w[i] .. "=" .. printable(tostring(w[i + 1]), 200)
+      parts[#parts + 1] = w[i] .. "=" .. printable(as_text(w[i + 1]), 200)
     end
     if d.notes then
       parts[#parts + 1] = "kept=" .. (d.kept and join(d.kept, ",") or "")

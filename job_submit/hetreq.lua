@@ -220,7 +220,7 @@ local function mebibytes(token, s, what)
       return nil, string_format("%s: %s must be a whole number of MiB (a multiple of 1024K)",
         show(token), what)
     end
-    return kib / 1024
+    return math_floor(kib / 1024) -- an integer under Lua 5.3+ too
   end
   local factor = MEM_UNITS[unit]
   local n = whole(num, 1, math_floor(hi / factor))
@@ -517,7 +517,7 @@ local function finish(acc, tokens_of)
         "%s: %d GPUs cannot be split evenly over nodes=%d; use a multiple of %d, or "
         .. "gpus-per-node=", show(tokens_of["gpus"]), acc.gpus_per_job, nodes, nodes)
     end
-    req.gpus_per_node = acc.gpus_per_job / nodes
+    req.gpus_per_node = math_floor(acc.gpus_per_job / nodes) -- an integer under Lua 5.3+
     if req.gpus_per_node > M.LIMITS.gpus_per_node then
       return nil, string_format(
         "%s: %d GPUs per node over nodes=%d; at most %d per node, so ask for more nodes",

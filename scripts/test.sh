@@ -14,3 +14,10 @@ mypy
 echo "== pytest (unit, slurmctld, cluster)" >&2
 # Run from tests/ so 'import hetslurm' finds the installed package, not the source tree.
 pytest -p no:cacheprovider -q "$@"
+
+echo "== the hook under Lua 5.2, 5.3 and 5.4 (what RPM builds of job_submit/lua link)" >&2
+for lua in lua52 lua53 lua54; do
+    HETSLURM_LUA=$lua pytest -p no:cacheprovider -q tests/unit/test_hook_*.py \
+        tests/unit/test_hostile_scripts.py tests/unit/test_request*.py \
+        tests/unit/test_decision_record.py tests/unit/test_explain_options.py
+done

@@ -8,7 +8,15 @@ from typing import Any
 
 import click
 
-from hetslurm.cli.options import EMPTY, format_option, site_option, site_path, state_option
+from hetslurm.cli.options import (
+    EMPTY,
+    format_option,
+    site_option,
+    site_path,
+    slurm_release,
+    slurm_version_option,
+    state_option,
+)
 from hetslurm.cli.output import emit
 
 
@@ -33,14 +41,17 @@ def _sbatch_options(f: Callable[..., None]) -> Callable[..., None]:
 @_sbatch_options
 @click.option("--user", default="root", show_default=True, help="Submitting user's name.")
 @state_option(default="empty")
+@slurm_version_option
 @format_option
 def explain_cmd(script: str | None, site_file: str | None, hook_file: str | None, user: str,
-                state_spec: str, output_format: str, **sbatch: Any) -> None:
+                state_spec: str, slurm_version: str | None, output_format: str,
+                **sbatch: Any) -> None:
     """Show what the job_submit hook would do to JOB_SCRIPT, and where it would run now.
 
-    Runs the same job_submit.lua slurmctld runs, in-process (Lua 5.1 through lupa), with a
-    strict stand-in for Slurm 22.05's plugin: fields the hook writes, the messages the user
-    would see, the decision record, and `hetslurm place`'s answer for the request. Without
+    Runs the same job_submit.lua slurmctld runs, in-process (Lua 5.1 through lupa, or
+    $HETSLURM_LUA), with a strict stand-in for the plugin of --slurm-version: fields the
+    hook writes, the messages the user would see, the decision record, and `hetslurm
+    place`'s answer for the request. Without
     JOB_SCRIPT it explains an srun/salloc job (give --comment 'het: ...'). #SBATCH lines of
     the script count as the options above, passed to the hook in the fields Slurm 22.05
     fills from them; options given here win.
@@ -61,7 +72,8 @@ def explain_cmd(script: str | None, site_file: str | None, hook_file: str | None
     opts = JobOptions(user=user, **sbatch)
     hook_text = read_text_file(hook_file, what="--hook file") if hook_file else None
     ex = explain(text, site, opts, hook_text=hook_text,
-                 state=None if state_spec == EMPTY else state_spec)
+                 state=None if state_spec == EMPTY else state_spec,
+                 slurm=slurm_release(slurm_version, fallback=True))
     doc = ex.to_dict()
     if output_format == "json":
         emit([], "json", document=doc)

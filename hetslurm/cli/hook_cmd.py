@@ -8,7 +8,14 @@ from pathlib import Path
 
 import click
 
-from hetslurm.cli.options import conf_dir_option, format_option, site_option, site_path
+from hetslurm.cli.options import (
+    conf_dir_option,
+    format_option,
+    site_option,
+    site_path,
+    slurm_release,
+    slurm_version_option,
+)
 from hetslurm.cli.output import emit
 from hetslurm.slurm.conf import slurm_conf_dir
 
@@ -42,8 +49,9 @@ def hook() -> None:
               help="A site's existing job_submit.lua to run before hetslurm's logic.")
 @click.option("--chain-after", type=click.Path(dir_okay=False), default=None,
               help="A site's existing job_submit.lua to run after hetslurm's logic.")
+@slurm_version_option
 def render_cmd(site_file: str | None, mode: str | None, rules_only: bool, chain_before: str | None,
-               chain_after: str | None) -> None:
+               chain_after: str | None, slurm_version: str | None) -> None:
     """Print the rendered job_submit.lua (or, with --rules, its rules) to stdout."""
     from hetslurm.hook.render import render_hook
     from hetslurm.site import load_site
@@ -55,7 +63,8 @@ def render_cmd(site_file: str | None, mode: str | None, rules_only: bool, chain_
         return
     sys.stdout.write(render_hook(site, mode=mode,
                                  chain_before=_read(chain_before, "--chain-before"),
-                                 chain_after=_read(chain_after, "--chain-after")).text)
+                                 chain_after=_read(chain_after, "--chain-after"),
+                                 slurm=slurm_release(slurm_version, fallback=True)).text)
 
 
 @hook.command("install")
@@ -66,9 +75,11 @@ def render_cmd(site_file: str | None, mode: str | None, rules_only: bool, chain_
               help="A site's existing job_submit.lua to run before hetslurm's logic.")
 @click.option("--chain-after", type=click.Path(dir_okay=False), default=None,
               help="A site's existing job_submit.lua to run after hetslurm's logic.")
+@slurm_version_option
 @format_option
 def install_cmd(site_file: str | None, conf_dir: str | None, mode: str | None,
-                chain_before: str | None, chain_after: str | None, output_format: str) -> None:
+                chain_before: str | None, chain_after: str | None, slurm_version: str | None,
+                output_format: str) -> None:
     """Render, validate in Lua 5.1 and atomically install job_submit.lua into --conf-dir.
 
     Nothing is written when the rendered file does not load or fails a smoke job; the new
@@ -78,9 +89,11 @@ def install_cmd(site_file: str | None, conf_dir: str | None, mode: str | None,
     from hetslurm.hook.install import install_hook
     from hetslurm.site import load_site
 
-    res = install_hook(load_site(site_path(site_file)), slurm_conf_dir(conf_dir), mode=mode,
+    conf = slurm_conf_dir(conf_dir)
+    res = install_hook(load_site(site_path(site_file)), conf, mode=mode,
                        chain_before=_read(chain_before, "--chain-before"),
-                       chain_after=_read(chain_after, "--chain-after"))
+                       chain_after=_read(chain_after, "--chain-after"),
+                       slurm=slurm_release(slurm_version, conf_dir=conf))
     d = res.to_dict()
     title = "hook installed" if res.changed else "hook unchanged"
     if res.replaced_unsafe:

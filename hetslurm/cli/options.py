@@ -20,8 +20,9 @@ from typing import Any, Literal, TypeVar, overload
 
 import click
 
+from hetslurm.errors import BackendError
 from hetslurm.site.find import TestbedLookup, find_site, locate_site
-from hetslurm.slurm import BACKENDS
+from hetslurm.slurm import BACKENDS, versions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -202,3 +203,30 @@ def testbed_target_option(func: F) -> F:
                    type=click.Path(file_okay=False), default=None,
                    help="Target the hetslurm testbed in this folder (its whole slurm.conf, "
                         "its daemons) instead of --conf-dir.")(func)
+
+
+# ------------------------------------------------------------------------- --slurm-version
+def slurm_version_option(func: F) -> F:
+    """``--slurm-version 22.05|24.11|26.05`` (the value arrives as ``slurm_version``; resolve
+    it with :func:`slurm_release`)."""
+    return _shared("--slurm-version", "slurm_version", shared="--slurm-version",
+                   default=None, metavar="|".join(versions.RELEASES),
+                   help="The Slurm release the controller runs; the gres form the hook writes "
+                        "depends on it [default: the installed Slurm's (scontrol --version); "
+                        "explain and hook render take 22.05 when no Slurm answers].")(func)
+
+
+def slurm_release(slurm_version: str | None, *, conf_dir: str | Path | None = None,
+                  fallback: bool = False) -> str:
+    """``--slurm-version`` as a supported release name, else the installed Slurm's (asked
+    with ``conf_dir``'s slurm.conf when given). ``fallback``: when no Slurm answers, the
+    default release (22.05) rather than an error; for commands that only predict."""
+    if slurm_version is not None:
+        return versions.release(slurm_version).name
+    conf = Path(conf_dir) / "slurm.conf" if conf_dir is not None else None
+    try:
+        return versions.installed(conf)[0].name
+    except BackendError:
+        if fallback:
+            return versions.DEFAULT
+        raise

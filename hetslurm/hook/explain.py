@@ -21,6 +21,7 @@ from hetslurm.hook.standin import NO_VAL, NO_VAL16, HookRuntime
 from hetslurm.request.record import find_record
 from hetslurm.site.hook_rules import hook_policy
 from hetslurm.site.model import Site
+from hetslurm.slurm import versions
 from hetslurm.slurm.units import time_seconds
 from hetslurm.textfile import MAX_DATA_BYTES, read_text_file
 
@@ -277,6 +278,7 @@ def explain(
     *,
     hook_text: str | None = None,
     state: str | None = None,
+    slurm: str | None = None,
 ) -> Explanation:
     """Run the hook on one job in-process and say what it did and where the job would go.
 
@@ -286,6 +288,8 @@ def explain(
         opts: sbatch options; the script's ``#SBATCH`` lines are read first.
         hook_text: An installed ``job_submit.lua`` to run instead of rendering one.
         state: ``None`` (an empty cluster), ``"live"`` or a ``hetslurm state dump`` file.
+        slurm: The Slurm release to stand in for (``"24.11"``); ``None``: the one the hook
+            text was rendered for (22.05 when rendering here).
 
     Raises:
         ConfigError: The state file cannot be read as text (what it says is judged later,
@@ -296,25 +300,27 @@ def explain(
         state_text = read_text_file(state, what="state file", max_bytes=MAX_DATA_BYTES)
     base = sbatch_options(script) if script is not None else JobOptions()
     opts = base.merged(opts) if opts is not None else base
-    text = hook_text if hook_text is not None else render_mod.render_hook(site).text
-    rt = HookRuntime(text)
+    if hook_text is None:
+        hook_text = render_mod.render_hook(site, slurm=slurm or versions.DEFAULT).text
+    rt = HookRuntime(hook_text, slurm=slurm)
     values = job_values(script, opts)
     res = rt.submit(values)
     if not res.ok:
         outcome = "hook-error"
-    elif res.rc != 0:
+    elif res.rc != 0 or res.refused:
         outcome = "rejected"
     elif res.writes:
         outcome = "rewritten"
     else:
         outcome = "unchanged"
-    head = render_mod.header(text) or {}
+    head = render_mod.header(hook_text) or {}
     record = None
     for f, v in res.writes:
         if isinstance(v, str) and "{" in v and f in ("admin_comment", "comment"):
             record = v
     ex = Explanation(
-        outcome=outcome, rc=res.rc, messages=list(res.user_messages), writes=list(res.writes),
+        outcome=outcome, rc=res.rc, writes=list(res.writes),
+        messages=list(res.user_messages) + ([res.refused] if res.refused else []),
         job_before=values, record=record, hook=head,
         log=[f"{lvl}: {msg}" for lvl, msg in res.log] + ([res.error] if res.error else []),
     )

@@ -45,6 +45,7 @@ from hetslurm.hook import render as render_mod
 from hetslurm.hook.standin import CallResult, HookLoadError, HookRuntime
 from hetslurm.site.hook_rules import CPU_FEATURE, FPGA_GRES, GPU_GRES
 from hetslurm.site.model import Site
+from hetslurm.slurm import versions
 
 HOOK_FILE = "job_submit.lua"
 
@@ -291,13 +292,15 @@ def install_hook(
     chain_before: str | None = None,
     chain_after: str | None = None,
     now: float | None = None,
+    slurm: str = versions.DEFAULT,
 ) -> InstallResult:
-    """Render the hook for ``site`` and install it (see :func:`install_text`)."""
+    """Render the hook for ``site`` and the controller's Slurm release ``slurm`` and install
+    it (see :func:`install_text`)."""
     rendered = render_mod.render_hook(site, mode=mode, chain_before=chain_before,
-                                      chain_after=chain_after)
+                                      chain_after=chain_after, slurm=slurm)
     plain = None
     if chain_before is not None or chain_after is not None:
-        plain = render_mod.render_hook(site, mode=mode).text
+        plain = render_mod.render_hook(site, mode=mode, slurm=slurm).text
     return install_text(rendered.text, conf_dir, now=now, site=site, decisions_text=plain)
 
 

@@ -15,6 +15,7 @@ from hetslurm.errors import ConfigError
 from hetslurm.request import _lua
 from hetslurm.site.hook_rules import hook_policy, hook_rules, lua_literal
 from hetslurm.site.model import Site
+from hetslurm.slurm import versions
 
 #: Bumped when the rendered file's structure changes; the file's header carries it.
 HOOK_VERSION = 1
@@ -23,6 +24,7 @@ HETHOOK = "hethook.lua"
 MODES = ("enforce", "shadow", "off")
 
 MODE_LINE = re.compile(r'^local MODE = "(enforce|shadow|off)"$', re.M)
+SLURM_LINE = re.compile(r'^local SLURM = "([0-9.]+)"$', re.M)
 HEADER = re.compile(
     r"^-- hetslurm-hook: version=(?P<version>\d+) build=(?P<build>[0-9a-f]+) "
     r"rules=(?P<rules>[0-9a-f]+) site=(?P<site>\S+)$",
@@ -44,6 +46,7 @@ class RenderedHook:
     rules_digest: str
     mode: str
     site: str
+    slurm: str = versions.DEFAULT
 
 
 def chain_block(which: str, text: str) -> str:
@@ -57,13 +60,17 @@ def chain_block(which: str, text: str) -> str:
         raise ValueError(which)
     if "@@" in text:
         raise ConfigError(f"chained {which} script contains '@@', which the renderer reserves")
+    # Lua 5.2+ takes the globals from the local _ENV; 5.1 ignores it and uses setfenv,
+    # which 5.2+ no longer has (rawget: the stand-in's strict globals refuse a missing name).
     return (
         f"CHAIN.{which} = (function()\n"
         "  local env = setmetatable({}, { __index = _G })\n"
         "  local chunk = function(...)\n"
+        "    local _ENV = env\n"
         f"{text.rstrip()}\n"
         "\n  end\n"
-        "  setfenv(chunk, env)\n"
+        "  local setfenv = rawget(_G, 'setfenv')\n"
+        "  if setfenv then setfenv(chunk, env) end\n"
         "  chunk()\n"
         "  return env\n"
         "end)()\n"
@@ -76,6 +83,7 @@ def render_hook(
     mode: str | None = None,
     chain_before: str | None = None,
     chain_after: str | None = None,
+    slurm: str = versions.DEFAULT,
 ) -> RenderedHook:
     """Render the hook for ``site``.
 
@@ -84,13 +92,17 @@ def render_hook(
         mode: Overrides the site's ``[hook] mode``.
         chain_before: A site's existing job_submit.lua text, run before hetslurm's logic.
         chain_after: Likewise, run after it.
+        slurm: The Slurm release the controller runs (``"24.11"``, ``"24.11.5"``): the gres
+            form the hook writes depends on it.
 
     Raises:
-        ConfigError: An unknown mode or a chained script the renderer cannot embed.
+        ConfigError: An unknown mode, an unsupported Slurm release, or a chained script the
+            renderer cannot embed.
     """
     chosen = mode or hook_policy(site).mode
     if chosen not in MODES:
         raise ConfigError(f"unknown hook mode '{chosen}'; modes: {', '.join(MODES)}")
+    release = versions.release(slurm)
     rules = hook_rules(site)
     sources = {name: _lua.lua_source(name).decode("utf-8")
                for name in (TEMPLATE, _lua.HETREQ, HETHOOK)}
@@ -101,7 +113,7 @@ def render_hook(
         chain += chain_block("after", chain_after)
     h = hashlib.sha256()
     for part in (sources[TEMPLATE], sources[_lua.HETREQ], sources[HETHOOK], rules["digest"],
-                 chain):
+                 chain, release.name):
         h.update(part.encode("utf-8"))
         h.update(b"\0")
     build = h.hexdigest()[:16]
@@ -113,6 +125,8 @@ def render_hook(
         ("@@DIGEST@@", rules["digest"]),
         ("@@SITE@@", site.name),
         ("@@MODE@@", chosen),
+        ("@@SLURM@@", release.name),
+        ("@@GRES@@", release.gres_prefix),
         ("@@RULES@@", lua_literal(rules)),
         ("@@CHAIN@@", chain),
         ("@@HETHOOK@@", sources[HETHOOK]),
@@ -120,7 +134,7 @@ def render_hook(
     ):
         text = text.replace(key, value)
     return RenderedHook(text=text, build=build, rules_digest=rules["digest"], mode=chosen,
-                        site=site.name)
+                        site=site.name, slurm=release.name)
 
 
 def set_mode(text: str, mode: str) -> str:
@@ -139,11 +153,20 @@ def set_mode(text: str, mode: str) -> str:
 
 
 def header(text: str) -> dict[str, str] | None:
-    """``version``, ``build``, ``rules``, ``site`` and ``mode`` of a rendered hook, or None."""
+    """``version``, ``build``, ``rules``, ``site``, ``mode`` and ``slurm`` (the release it
+    was rendered for) of a rendered hook, or None."""
     m = HEADER.search(text)
     if not m:
         return None
     out = m.groupdict()
     mode = MODE_LINE.search(text)
     out["mode"] = mode.group(1) if mode else "?"
+    out["slurm"] = rendered_for(text)
     return out
+
+
+def rendered_for(text: str) -> str:
+    """The Slurm release a rendered hook was written for (its ``SLURM`` line); hooks rendered
+    before releases were told apart were written for 22.05."""
+    m = SLURM_LINE.search(text)
+    return m.group(1) if m else versions.DEFAULT

@@ -26,8 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hetslurm.hook.render import rendered_for
 from hetslurm.request import _lua
 from hetslurm.site.hook_rules import lua_literal
+from hetslurm.slurm import versions
 
 NO_VAL8 = 254
 NO_VAL16 = 65534
@@ -167,7 +169,7 @@ CONSTANTS: dict[str, int] = {
 }
 
 _HARNESS = b"""
-local FIELDS, CONSTANTS = ...
+local FIELDS, CONSTANTS, RELEASE, GRES = ...
 local H = {}
 local current = { log = {}, user = {}, writes = {} }
 
@@ -216,15 +218,21 @@ local function unset(spec)
   return spec.default
 end
 
+-- The plugin hands numbers over with lua_pushnumber: floats from Lua 5.3 on (1000.0).
+local function pushed(v)
+  if math.type and type(v) == "number" then return v + 0.0 end
+  return v
+end
+
 function H.make_job(values, submit)
   local vals = {}
-  for k, v in pairs(values) do vals[k] = v end
+  for k, v in pairs(values) do vals[k] = pushed(v) end
   local mt = {}
   mt.__index = function(_, k)
     local spec = FIELDS[k]
     if not spec then return nil end
     local v = vals[spec.alias or k]
-    if v == nil then return unset(spec) end
+    if v == nil then return pushed(unset(spec)) end
     return v
   end
   mt.__newindex = function(_, k, v)
@@ -237,7 +245,18 @@ function H.make_job(values, submit)
       if type(v) ~= "string" then
         error("job_desc." .. k .. " must be set to a string, not a " .. type(v), 2)
       end
-      if k == "gres" and string.sub(v, 1, 5) ~= "gres:" then v = "gres:" .. v end
+      if k == "gres" and string.sub(v, 1, 5) ~= GRES then v = GRES .. v end
+      if string.sub(k, 1, 9) == "tres_per_" then
+        -- Slurm validates the job after the hook: a gres written in another release's form
+        -- is refused ("gres:gpu:1" from 24.11 on, "gres/gpu:1" on 22.05).
+        for entry in string.gmatch(v, "[^,]+") do
+          if string.sub(entry, 1, 4) == "gres" and string.sub(entry, 1, 5) ~= GRES then
+            current.refused = "Invalid Trackable RESource (TRES) specification: Slurm "
+              .. RELEASE .. " refuses " .. k .. "=" .. v .. " (it writes a gres as '" .. GRES
+              .. "gpu:...'; was the hook rendered for another release?)"
+          end
+        end
+      end
       local w = current.writes
       w[#w + 1] = k
       w[#w + 1] = v
@@ -268,8 +287,6 @@ local function copy(t)
 end
 
 function H.load(text, chunkname)
-  local chunk, err = loadstring(text, chunkname)
-  if not chunk then return nil, err end
   local slurm = make_slurm()
   local loading = true
   local allowed = { slurm_job_submit = true, slurm_job_modify = true }
@@ -289,7 +306,16 @@ function H.load(text, chunkname)
       error("the hook wrote the global " .. tostring(k), 2)
     end,
   })
-  setfenv(chunk, G)
+  -- The plugin's own globals for its Lua: setfenv/unpack exist in 5.1 only, load's env
+  -- argument from 5.2.
+  local chunk, err
+  if setfenv then
+    chunk, err = loadstring(text, chunkname)
+    if chunk then setfenv(chunk, G) end
+  else
+    chunk, err = load(text, chunkname, "t", G)
+  end
+  if not chunk then return nil, err end
   current = { writes = {} }
   local ok, rc = pcall(chunk)
   loading = false
@@ -306,7 +332,7 @@ end
 
 function H.submit(G, job, uid)
   current = { writes = {} }
-  local ok, rc = pcall(rawget(G, "slurm_job_submit"), job, {}, uid or 0)
+  local ok, rc = pcall(rawget(G, "slurm_job_submit"), job, {}, pushed(uid or 0))
   local out = current
   out.ok = ok
   if ok then out.rc = rc else out.err = tostring(rc) end
@@ -315,7 +341,7 @@ end
 
 function H.modify(G, job, rec, uid)
   current = { writes = {} }
-  local ok, rc = pcall(rawget(G, "slurm_job_modify"), job, rec, {}, uid or 0)
+  local ok, rc = pcall(rawget(G, "slurm_job_modify"), job, rec, {}, pushed(uid or 0))
   local out = current
   out.ok = ok
   if ok then out.rc = rc else out.err = tostring(rc) end
@@ -336,10 +362,13 @@ class CallResult:
     writes: tuple[tuple[str, Any], ...]
     user_messages: tuple[str, ...]
     log: tuple[tuple[str, str], ...]
+    #: Why slurmctld would refuse the job after the hook accepted it (a field it wrote in a
+    #: form this Slurm release does not take), or None.
+    refused: str | None = None
 
     @property
     def accepted(self) -> bool:
-        return self.ok and self.rc == 0
+        return self.ok and self.rc == 0 and self.refused is None
 
     @property
     def fields(self) -> dict[str, Any]:
@@ -349,10 +378,13 @@ class CallResult:
 
 @dataclass
 class HookRuntime:
-    """One rendered hook loaded into a fresh Lua 5.1 runtime with the strict stand-ins."""
+    """One rendered hook loaded into a fresh runtime (Lua 5.1, or ``$HETSLURM_LUA``) with the
+    strict stand-ins of one Slurm release: ``slurm`` (``"24.11"``), by default the release
+    the text was rendered for."""
 
     text: str
     chunkname: str = "job_submit.lua"
+    slurm: str | None = None
     _lua: Any = field(default=None, init=False, repr=False)
     _h: Any = field(default=None, init=False, repr=False)
     _g: Any = field(default=None, init=False, repr=False)
@@ -361,7 +393,9 @@ class HookRuntime:
         self._lua = _lua.new_runtime()
         fields = self._lua.execute(b"return " + lua_literal(FIELDS).encode())
         constants = self._lua.execute(b"return " + lua_literal(CONSTANTS).encode())
-        self._h = self._lua.execute(_HARNESS, fields, constants)
+        release = versions.release(self.slurm or rendered_for(self.text))
+        self._h = self._lua.execute(_HARNESS, fields, constants, release.name.encode(),
+                                    release.gres_prefix.encode())
         result = self._h.load(self.text.encode("utf-8"), ("@" + self.chunkname).encode())
         parts = list(result) if isinstance(result, tuple) else [result]
         g, err = ([*parts, None, None])[:2]
@@ -415,6 +449,7 @@ def _result(out: Any) -> CallResult:
         writes=_pairs(writes),
         user_messages=tuple(user if isinstance(user, list) else []),
         log=tuple((e[0], e[1]) for e in (log if isinstance(log, list) else [])),
+        refused=data.get("refused"),
     )
 
 

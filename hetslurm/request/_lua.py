@@ -1,20 +1,23 @@
-"""The one place that imports lupa: a Lua 5.1 runtime for the request grammar.
+"""The one place that imports lupa: a Lua runtime for the request grammar and the hook.
 
-The grammar lives in ``job_submit/hetreq.lua`` so the job_submit hook (inside slurmctld,
-whose ``job_submit_lua.so`` links Lua 5.1) and Python run the same code. lupa's ``lua51``
-flavour is used for that reason: Lua 5.3+ would differ (integers, ``tostring(2.0)``).
+The grammar lives in ``job_submit/hetreq.lua`` so the job_submit hook (inside slurmctld) and
+Python run the same code. Debian's ``job_submit_lua.so`` links Lua 5.1, so lupa's ``lua51``
+is the default; RPM builds elsewhere link 5.3 or 5.4, and ``$HETSLURM_LUA`` (``lua51`` ..
+``lua54``) runs everything under that version instead. The tests run the hook under each.
 
-Sandboxing: the module is loaded with ``loadstring`` + ``setfenv`` into an environment that
-holds only the pure standard functions it needs, whose reads of unknown globals and writes of
-any global raise (a bug in the module, caught by the tests). Lua never receives a Python
-object: only byte strings cross into Lua, and the runtime has no ``python.eval``,
-``python.builtins`` or ``python`` table at all.
+Sandboxing: a module is loaded (``loadstring`` + ``setfenv`` in 5.1, ``load`` with an
+environment from 5.2) into an environment that holds only the pure standard functions it
+needs, whose reads of unknown globals and writes of any global raise (a bug in the module,
+caught by the tests). Lua never receives a Python object: only byte strings cross into Lua,
+and the runtime has no ``python.eval``, ``python.builtins`` or ``python`` table at all.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.resources
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,9 +25,12 @@ from typing import Any
 from hetslurm.errors import PlacementError
 
 LUPA_HINT = (
-    "the request grammar needs the Python package lupa (Lua 5.1 flavour), a dependency of "
-    "hetslurm that is missing here: reinstall hetslurm or `pip install lupa`"
+    "the request grammar needs the Python package lupa, a dependency of hetslurm that is "
+    "missing here: reinstall hetslurm or `pip install lupa`"
 )
+#: The Lua versions the hook is written for (lupa module names); the first is the default.
+FLAVOURS = ("lua51", "lua52", "lua53", "lua54")
+LUA_ENV = "HETSLURM_LUA"
 
 #: Installed name of the ``job_submit/`` folder (see pyproject.toml ``[tool.setuptools]``).
 LUA_PACKAGE = "hetslurm_job_submit"
@@ -34,10 +40,6 @@ HETHOOK = "hethook.lua"
 # Runs in the runtime's own globals; loads one module's text into a closed environment.
 _LOADER = b"""
 local source, chunkname = ...
-local chunk, err = loadstring(source, chunkname)
-if not chunk then
-  error(err, 0)
-end
 local function copy(t)
   local c = {}
   for k, v in pairs(t) do
@@ -54,7 +56,18 @@ setmetatable(env, {
   __index = function(_, k) error(chunkname .. ": read of unknown global " .. tostring(k), 2) end,
   __newindex = function(_, k) error(chunkname .. ": write of global " .. tostring(k), 2) end,
 })
-setfenv(chunk, env)
+local chunk, err
+if setfenv then
+  chunk, err = loadstring(source, chunkname)
+  if chunk then
+    setfenv(chunk, env)
+  end
+else
+  chunk, err = load(source, chunkname, "t", env)
+end
+if not chunk then
+  error(err, 0)
+end
 return chunk()
 """
 
@@ -63,20 +76,37 @@ def _deny_attributes(obj: object, name: object, is_setting: bool) -> str:
     raise AttributeError("Lua code may not touch Python attributes")
 
 
+def flavour() -> str:
+    """The Lua version to run: ``$HETSLURM_LUA``, else Lua 5.1 (what Debian's plugin links).
+
+    Raises:
+        PlacementError: ``$HETSLURM_LUA`` names a version the hook is not written for.
+    """
+    chosen = os.environ.get(LUA_ENV) or FLAVOURS[0]
+    if chosen not in FLAVOURS:
+        raise PlacementError(
+            f"{LUA_ENV}={chosen}: the hook runs under {', '.join(FLAVOURS)} (Lua 5.1 to 5.4)")
+    return chosen
+
+
+def _lupa(name: str) -> Any:
+    try:
+        package = importlib.import_module("lupa")
+        return importlib.import_module(f"{package.__name__}.{name}")
+    except ImportError as e:
+        raise PlacementError(LUPA_HINT) from e
+
+
 def new_runtime() -> Any:
-    """A fresh Lua 5.1 runtime with no way into Python.
+    """A fresh runtime of :func:`flavour`'s Lua with no way into Python.
 
     Strings cross as bytes (``encoding=None``) so no Lua string can fail to decode; callers
     decode with :func:`to_python`.
 
     Raises:
-        PlacementError: lupa is not installed.
+        PlacementError: lupa is not installed, or ``$HETSLURM_LUA`` is not a known version.
     """
-    try:
-        from lupa import lua51
-    except ImportError as e:
-        raise PlacementError(LUPA_HINT) from e
-    lua = lua51.LuaRuntime(
+    lua = _lupa(flavour()).LuaRuntime(
         unpack_returned_tuples=True,
         register_eval=False,
         register_builtins=False,
@@ -113,9 +143,14 @@ def load_module(lua: Any, source: bytes, chunkname: str) -> Any:
     return lua.execute(_LOADER, source, ("@" + chunkname).encode())
 
 
-@functools.cache
 def hetreq() -> Any:
-    """The ``hetreq`` module table, loaded once per process (lupa serialises calls)."""
+    """The ``hetreq`` module table, loaded once per process and Lua version (lupa serialises
+    calls)."""
+    return _hetreq(flavour())
+
+
+@functools.cache
+def _hetreq(version: str) -> Any:
     return load_module(new_runtime(), lua_source(HETREQ), HETREQ)
 
 
@@ -141,7 +176,7 @@ end
 
 
 @functools.cache
-def _meaning_for(rules_literal: str) -> Any:
+def _meaning_for(rules_literal: str, version: str) -> Any:
     lua = new_runtime()
     hook = load_module(lua, lua_source(HETHOOK), HETHOOK)
     req = load_module(lua, lua_source(HETREQ), HETREQ)
@@ -152,7 +187,7 @@ def _meaning_for(rules_literal: str) -> Any:
 def meaning(rules_literal: str) -> Any:
     """The Lua function ``text -> r, notes | nil, family, message`` for one site's rendered
     hook rules (a Lua table constructor), cached per rules text: the hook's own ``resolve``."""
-    return _meaning_for(rules_literal)
+    return _meaning_for(rules_literal, flavour())
 
 
 def parse_table(text: str) -> dict[str, Any]:
@@ -182,7 +217,7 @@ def to_python(obj: Any) -> Any:
         return obj.decode("utf-8", "replace")
     if isinstance(obj, (bool, int, float, str)) or obj is None:
         return obj
-    lua_type: Callable[[Any], str | None] = _lua_type()
+    lua_type: Callable[[Any], str | None] = _lua_type(flavour())
     if lua_type(obj) != "table":
         raise TypeError(f"cannot convert Lua {lua_type(obj)} to Python")
     items = {to_python(k): to_python(v) for k, v in obj.items()}
@@ -196,7 +231,5 @@ def to_python(obj: Any) -> Any:
 
 
 @functools.cache
-def _lua_type() -> Callable[[Any], str | None]:
-    from lupa import lua51
-
-    return lua51.lua_type  # type: ignore[no-any-return]
+def _lua_type(version: str) -> Callable[[Any], str | None]:
+    return _lupa(version).lua_type  # type: ignore[no-any-return]

@@ -32,6 +32,7 @@ from hetslurm.site import Site, load_site
 from hetslurm.site.examples import example
 from hetslurm.site.find import ETC_ENV
 from hetslurm.site.render import Runtime, device_files, render, write_rendered
+from hetslurm.slurm import versions
 from hetslurm.slurm.cli_backend import CliBackend
 from hetslurm.testbed import packages, procs
 from hetslurm.testbed.procs import Proc
@@ -321,7 +322,7 @@ class Testbed:
         from hetslurm.hook.render import render_hook
 
         try:
-            res = validate_text(render_hook(site).text, site)
+            res = validate_text(render_hook(site, slurm=versions.installed()[0].name).text, site)
         except PlacementError as exc:
             raise TestbedError(f"the job_submit hook cannot be checked ({exc}); the testbed "
                                "does not boot without it") from exc
@@ -339,7 +340,7 @@ class Testbed:
         from hetslurm.hook.install import install_hook
 
         try:
-            res = install_hook(site, self.etc)
+            res = install_hook(site, self.etc, slurm=versions.installed()[0].name)
         except PlacementError as exc:
             raise TestbedError(f"the job_submit hook cannot be installed ({exc}); the testbed "
                                "does not boot without it") from exc

@@ -161,7 +161,8 @@ def test_header(demo: Site) -> None:
     r = render_hook(demo)
     h = header(r.text)
     assert h == {"version": "1", "build": r.build, "rules": r.rules_digest, "site": "hetdemo",
-                 "mode": "enforce"}
+                 "mode": "enforce", "slurm": "22.05"}
+    assert header(render_hook(demo, slurm="26.05.5").text)["slurm"] == "26.05"  # type: ignore[index]
 
 
 # Explain --------------------------------------------------------------------------------------
@@ -205,7 +206,8 @@ def test_cli_render_install_check_disable(tmp_path: Path) -> None:
     assert res.exit_code == 0 and json.loads(res.output)["site"] == "hetdemo"
     res = runner.invoke(cli, ["hook", "render", "--site", str(DEMO), "--mode", "shadow"])
     assert res.exit_code == 0 and 'local MODE = "shadow"' in res.output
-    res = runner.invoke(cli, ["hook", "install", "--site", str(DEMO), "--dir", str(tmp_path),
+    res = runner.invoke(cli, ["hook", "install", "--slurm-version", "22.05",
+                              "--site", str(DEMO), "--dir", str(tmp_path),
                               "--format", "json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["changed"] is True
@@ -226,7 +228,8 @@ def test_cli_install_follows_the_conf_dir_rule(monkeypatch: pytest.MonkeyPatch,
     conf = tmp_path / "conf"
     conf.mkdir()
     monkeypatch.setenv("SLURM_CONF", str(conf / "slurm.conf"))
-    res = CliRunner().invoke(cli, ["hook", "install", "--site", str(DEMO), "--format", "json"])
+    res = CliRunner().invoke(cli, ["hook", "install", "--slurm-version", "22.05",
+                                   "--site", str(DEMO), "--format", "json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["path"] == str(conf / "job_submit.lua")
     # --conf-dir is the shared spelling; --dir stays (the docs use it).

@@ -37,7 +37,8 @@ def break_rules(monkeypatch: pytest.MonkeyPatch, change: Callable[[dict[str, Any
 
 
 def install(conf: Path, *extra: str) -> Any:
-    return CliRunner().invoke(cli, ["hook", "install", "--site", str(DEMO), "--dir", str(conf),
+    return CliRunner().invoke(cli, ["hook", "install", "--slurm-version", "22.05",
+                                    "--site", str(DEMO), "--dir", str(conf),
                                     *extra])
 
 

@@ -74,7 +74,8 @@ def installed(tmp_path: Path) -> Path:
 
 
 def _install(conf: Path, *args: str) -> object:
-    return CliRunner().invoke(cli, ["hook", "install", "--site", str(DEMO), "--dir", str(conf),
+    return CliRunner().invoke(cli, ["hook", "install", "--slurm-version", "22.05",
+                                    "--site", str(DEMO), "--dir", str(conf),
                                     "--format", "json", *args])
 
 

@@ -579,27 +579,32 @@ def test_lua_source_keeps_to_lua51_and_no_io() -> None:
     )
 
 
-def test_runtime_is_lua51_without_python() -> None:
+def test_runtime_is_the_chosen_lua_without_python() -> None:
     lua = _lua.new_runtime()
-    assert lua.eval("_VERSION") == b"Lua 5.1"
+    assert lua.eval("_VERSION") == b"Lua 5." + _lua.flavour()[-1].encode()
     assert lua.eval("python") is None
     assert lua.eval("package.loaded.python") is None
 
 
 def test_loader_refuses_global_reads_and_writes() -> None:
-    from lupa import lua51
-
+    lua_error = _lua._lupa(_lua.flavour()).LuaError
     lua = _lua.new_runtime()
-    with pytest.raises(lua51.LuaError, match="write of global"):
+    with pytest.raises(lua_error, match="write of global"):
         _lua.load_module(lua, b"x = 1 return {}", "bad.lua")
     mod = _lua.load_module(lua, b"return {f = function() return os.time() end}", "bad.lua")
-    with pytest.raises(lua51.LuaError, match="unknown global os"):
+    with pytest.raises(lua_error, match="unknown global os"):
         mod.f()
 
 
 def test_missing_lupa_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "lupa", None)
     with pytest.raises(PlacementError, match="pip install lupa"):
+        _lua.new_runtime()
+
+
+def test_unknown_lua_version_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(_lua.LUA_ENV, "lua50")
+    with pytest.raises(PlacementError, match=r"HETSLURM_LUA=lua50: the hook runs under lua51"):
         _lua.new_runtime()
 
 

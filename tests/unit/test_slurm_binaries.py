@@ -46,6 +46,8 @@ ALLOWED: dict[tuple[str, str], frozenset[str]] = {
     # after install; the client commands are checked by slurm.cli_backend.missing_commands.
     ("hetslurm/testbed/packages.py", "<module>"): frozenset({"slurmctld", "slurmd",
                                                              "slurmdbd"}),
+    # ... and the same package names installed into the Debian roots of other releases.
+    ("hetslurm/testbed/roots.py", "<module>"): frozenset({"slurmctld", "slurmd", "slurmdbd"}),
     # Labels a user reads, not commands run: a QOS change's action in a rollout plan
     # (docs/cli.md: `action` is reconfigure, restart or sacctmgr) ...
     ("hetslurm/levers/rollout.py", "<module>"): frozenset({"sacctmgr"}),

@@ -1,0 +1,85 @@
+"""The Slurm releases hetslurm supports, and what differs between them (docs/versions.md).
+
+Every fact here was measured on a real controller of that release (``../shared/SLURM-VERSIONS.md``
+and the testbed); a release not listed is refused by name rather than guessed at.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from hetslurm.errors import BackendError, ConfigError
+from hetslurm.process import run_command
+
+
+@dataclass(frozen=True)
+class Release:
+    """One supported Slurm release (``major.minor``) and its differences."""
+
+    name: str
+    #: How ``tres_per_node``/``tres_per_job`` name a gres: 22.05 takes ``gres:gpu:a100:1`` and
+    #: refuses ``gres/``; 24.11 and 26.05 take ``gres/gpu:a100:1`` and refuse ``gres:``
+    #: ("Invalid Trackable RESource (TRES) specification").
+    gres_prefix: str
+
+
+RELEASES: dict[str, Release] = {
+    "22.05": Release("22.05", gres_prefix="gres:"),
+    "24.11": Release("24.11", gres_prefix="gres/"),
+    "26.05": Release("26.05", gres_prefix="gres/"),
+}
+#: The release the hook is rendered for when nothing says otherwise (Debian 12's Slurm).
+DEFAULT = "22.05"
+
+
+def release(version: str | tuple[int, ...]) -> Release:
+    """The supported release of ``version`` (``"24.11"``, ``"24.11.5"``, ``(24, 11, 5)`` or
+    ``scontrol --version``'s ``"slurm 24.11.5"``).
+
+    Raises:
+        ConfigError: not a version, or a release hetslurm does not support (named, with the
+            supported ones).
+    """
+    text = ".".join(str(v) for v in version) if isinstance(version, tuple) else version
+    m = re.search(r"(\d+)\.(\d+)", text)
+    if not m:
+        raise ConfigError(f"'{text}' is not a Slurm version; supported: {', '.join(RELEASES)}")
+    name = f"{int(m.group(1))}.{int(m.group(2)):02d}"
+    if name not in RELEASES:
+        raise ConfigError(
+            f"Slurm {name} is not supported; hetslurm supports {', '.join(RELEASES)}")
+    return RELEASES[name]
+
+
+def installed(slurm_conf: str | os.PathLike[str] | None = None, *,
+              root: str | os.PathLike[str] | None = None) -> tuple[Release, str]:
+    """The supported release of the Slurm installed here: ``slurmctld -V`` or ``slurmd -V``
+    where a daemon is installed (they need no configuration), else ``scontrol --version``,
+    which on 22.05 needs a readable slurm.conf (``slurm_conf``, else ``$SLURM_CONF``, else
+    Slurm's default). ``root``: ask the Slurm installed in that Debian root (through chroot).
+    Returns the release and the full version (``"24.11.5"``).
+
+    Raises:
+        BackendError: no Slurm answers here; the message says to name the release instead.
+        ConfigError: the Slurm here is a release hetslurm does not support.
+    """
+    env = dict(os.environ)
+    if slurm_conf is not None:
+        env["SLURM_CONF"] = os.fspath(slurm_conf)
+    tried = []
+    prefix = ["chroot", os.fspath(root)] if root is not None else []
+    for argv in (["slurmctld", "-V"], ["slurmd", "-V"], ["scontrol", "--version"]):
+        conf = env.get("SLURM_CONF")
+        if argv[0] == "scontrol" and conf and not os.path.isfile(conf):
+            # scontrol would retry a missing file for a minute before it gives up.
+            tried.append(f"{conf} does not exist")
+            continue
+        try:
+            said = run_command([*prefix, *argv], timeout=10, env=env).stdout
+            return release(said), said.split()[-1]
+        except BackendError as e:
+            tried.append(str(e))
+    raise BackendError(f"cannot tell which Slurm runs here ({'; '.join(tried)}); give "
+                       f"--slurm-version ({', '.join(RELEASES)})")

@@ -1,0 +1,178 @@
+"""Debian roots that carry a Slurm release the host does not ship (docs/testbed.md).
+
+A root is built once with ``debootstrap --variant=minbase`` from the mirror the host's apt
+already uses, gets Slurm, MariaDB and munge from that Debian release, and is cached under
+:func:`roots_dir` (``$HETSLURM_ROOTS``, default ``/var/cache/hetslurm/roots``). Only a root
+that finished every step carries the ``READY`` file (with the Slurm version it was checked
+to run); a failed build says which step failed and leaves no ``READY`` behind, and the next
+build starts that root afresh. Facts in ``../shared/SLURM-VERSIONS.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from hetslurm.errors import BackendError, TestbedError
+from hetslurm.process import run_command
+from hetslurm.slurm import versions
+
+ROOTS_ENV = "HETSLURM_ROOTS"
+DEFAULT_ROOTS = Path("/var/cache/hetslurm/roots")
+READY = "READY"
+
+#: The Debian release that ships each Slurm release the host may lack.
+SUITES = {"24.11": "trixie", "26.05": "sid"}
+#: What a root needs (the same daemons as the host testbed, from the root's own release).
+PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge",
+            "mariadb-server", "python3")
+#: Inside a root: the mounts a Slurm daemon needs, mounted for the build and the run.
+MOUNTS = (
+    ("proc", "proc", ("-t", "proc")),
+    ("sysfs", "sys", ("-t", "sysfs")),
+    ("devpts", "dev/pts", ("-t", "devpts", "-o", "newinstance,ptmxmode=0666")),
+    ("tmpfs", "dev/shm", ("-t", "tmpfs")),
+)
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Root:
+    """A ready root: where it is and the Slurm version it runs."""
+
+    release: str
+    path: Path
+    slurm_version: str
+
+
+def roots_dir() -> Path:
+    return Path(os.environ.get(ROOTS_ENV) or DEFAULT_ROOTS)
+
+
+def root_path(release: str) -> Path:
+    return roots_dir() / SUITES[release]
+
+
+def ready_root(release: str) -> Root | None:
+    """The cached root for ``release`` if its build finished, else None."""
+    path = root_path(release)
+    marker = path / READY
+    if not marker.is_file():
+        return None
+    return Root(release, path, marker.read_text().strip())
+
+
+def host_mirror(sources: Path = Path("/etc/apt")) -> str:
+    """The Debian mirror the host's apt uses (deb822 ``URIs:`` or a one-line ``deb``).
+
+    Raises:
+        TestbedError: no Debian mirror is configured.
+    """
+    candidates = [sources / "sources.list", *sorted((sources / "sources.list.d").glob("*"))]
+    for f in candidates:
+        if not f.is_file() or not (f.suffix in (".list", ".sources") or f.name == "sources.list"):
+            continue
+        for line in f.read_text(errors="replace").splitlines():
+            m = re.match(r"^\s*(?:URIs:\s*|deb\s+(?:\[[^]]*\]\s+)?)(\S+/debian)/?\s*", line)
+            if m:
+                return m.group(1)
+    raise TestbedError(f"no Debian mirror found in {sources}/sources.list(.d); the roots of "
+                       "other Slurm releases are built from the mirror the host uses")
+
+
+def _step(what: str, argv: list[str], timeout: float, env: dict[str, str] | None = None
+          ) -> str:
+    try:
+        return run_command(argv, timeout=timeout, env=env).stdout
+    except BackendError as e:
+        raise TestbedError(f"building the root: {what} failed: {e}") from e
+
+
+@contextlib.contextmanager
+def mounted(path: Path) -> Iterator[None]:
+    """The root's proc, sys, a private devpts and a tmpfs shm, unmounted on the way out
+    (a mount left behind would outlive the process)."""
+    done: list[Path] = []
+    try:
+        for source, target, opts in MOUNTS:
+            where = path / target
+            where.mkdir(parents=True, exist_ok=True)
+            if os.path.ismount(where):
+                continue
+            _step(f"mounting {target}", ["mount", *opts, source, str(where)], 30)
+            done.append(where)
+        yield
+    finally:
+        for where in reversed(done):
+            with contextlib.suppress(BackendError):
+                run_command(["umount", "-l", str(where)], timeout=30)
+
+
+def in_root(path: Path, argv: list[str], *, timeout: float, what: str) -> str:
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "DEBIAN_FRONTEND": "noninteractive",
+           "LC_ALL": "C"}
+    return _step(what, ["chroot", str(path), *argv], timeout, env)
+
+
+def build_root(release: str, *, log: Log = print, mirror: str | None = None) -> Root:
+    """Build (or reuse) the cached root of ``release``.
+
+    Raises:
+        ConfigError: not a supported release.
+        TestbedError: a step failed (named, with the package apt could not install), or the
+            host lacks what it takes (root, debootstrap's package).
+    """
+    name = versions.release(release).name
+    if name not in SUITES:
+        raise TestbedError(f"Slurm {name} runs from the host's own packages, not a root")
+    ready = ready_root(name)
+    if ready is not None:
+        return ready
+    if os.geteuid() != 0:
+        raise TestbedError(f"building the Slurm {name} root needs root")
+    path = root_path(name)
+    if path.exists():
+        log(f"removing the unfinished root {path}")
+        for _, target, _ in MOUNTS:  # a crashed build may have left them
+            if os.path.ismount(path / target):
+                run_command(["umount", "-l", str(path / target)], timeout=30, check=False)
+        shutil.rmtree(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if shutil.which("debootstrap") is None:
+        log("installing debootstrap")
+        _step("apt-get install debootstrap", ["apt-get", "install", "-y", "-q", "debootstrap"],
+              600, {**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    source = mirror or host_mirror()
+    suite = SUITES[name]
+    log(f"debootstrap {suite} into {path} from {source}")
+    _step(f"debootstrap {suite}", ["debootstrap", "--variant=minbase",
+                                   "--include=ca-certificates", suite, str(path), source], 1200)
+    apt_conf = path / "etc/apt/apt.conf.d"
+    # sid's Release file may be past its Valid-Until; signatures stay checked.
+    (apt_conf / "99no-valid-until").write_text('Acquire::Check-Valid-Until "false";\n')
+    policy = path / "usr/sbin/policy-rc.d"  # packages start no services in the root
+    policy.write_text("#!/bin/sh\nexit 101\n")
+    policy.chmod(0o755)
+    with mounted(path):
+        in_root(path, ["apt-get", "update", "-q"], timeout=600, what="apt-get update")
+        log(f"installing {' '.join(PACKAGES)} in the root")
+        try:
+            in_root(path, ["apt-get", "install", "-y", "-q", "--no-install-recommends",
+                           *PACKAGES], timeout=1800, what="apt-get install")
+        except TestbedError as e:
+            raise TestbedError(f"{e} (packages: {' '.join(PACKAGES)})") from e
+    try:
+        got, version = versions.installed(root=path)
+    except BackendError as e:
+        raise TestbedError(f"building the root: its Slurm does not answer: {e}") from e
+    if got.name != name:
+        raise TestbedError(f"the {suite} root runs Slurm {version}, not {name}")
+    (path / READY).write_text(version + "\n")
+    log(f"root ready: {path} (Slurm {version})")
+    return Root(name, path, version)
