@@ -109,19 +109,24 @@ def install_cmd(site_file: str | None, conf_dir: str | None, mode: str | None,
               help="slurmctld.log [default: SlurmctldLogFile from slurm.conf in --conf-dir].")
 @format_option
 def check_cmd(conf_dir: str | None, log_file: str | None, output_format: str) -> None:
-    """Report the installed hook (build, rules, mode, whether it loads) and the one the
-    controller last loaded, from slurmctld.log.
+    """Report the installed hook (build, rules, mode, whether it loads, the Slurm release it
+    was rendered for) and the one the controller last loaded, from slurmctld.log.
 
-    Exits 1 when the installed file does not load in Lua 5.1, and 8 (after the report)
-    when its permissions are unsafe: a symlink, writable by group or others, or owned by
-    another user.
+    Exits 1 when the installed file does not load in Lua 5.1, 8 (after the report) when its
+    permissions are unsafe: a symlink, writable by group or others, or owned by another
+    user, and 9 when it was rendered for another Slurm release than the one installed here
+    (run hetslurm hook install again after a Slurm upgrade).
     """
-    from hetslurm.errors import PermissionsError
+    from hetslurm.errors import BackendError, PermissionsError
     from hetslurm.hook.install import check_hook
 
     folder = slurm_conf_dir(conf_dir)
     log = log_file or _ctld_log(folder)
-    res = check_hook(folder, log)
+    try:
+        slurm: str | None = slurm_release(None, conf_dir=folder)
+    except BackendError:
+        slurm = None  # no Slurm answers here: the report says slurm_running null
+    res = check_hook(folder, log, slurm)
     emit([{k: v for k, v in res.items() if k != "load_errors_since"}], output_format,
          title="hook", document=res)
     if str(res.get("permissions") or "ok") != "ok":
@@ -129,6 +134,11 @@ def check_cmd(conf_dir: str | None, log_file: str | None, output_format: str) ->
                                "(run hetslurm hook install to replace it)")
     if res.get("installed") and not res.get("loads"):
         sys.exit(1)
+    if res.get("installed") and res.get("slurm_matches") is False:
+        click.echo(f"hetslurm hook check: the installed hook was rendered for Slurm "
+                   f"{res['slurm_rendered_for']}, this controller runs {res['slurm_running']}; "
+                   "run hetslurm hook install again", err=True)
+        sys.exit(9)
 
 
 def _ctld_log(folder: Path) -> str | None:

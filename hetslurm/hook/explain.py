@@ -170,14 +170,14 @@ def _count(option: str, text: str, high: int) -> int:
     return int(t)
 
 
-def _gres_tres(spec: str) -> str:
-    # 22.05 prepends "gres:" to each --gres entry (gres_prepend_tres_type).
-    return ",".join(p if p.startswith("gres:") else "gres:" + p for p in spec.split(",") if p)
+def _gres_tres(spec: str, prefix: str) -> str:
+    # Slurm prepends "gres:" (22.05) or "gres/" (24.11 on) to each --gres entry.
+    return ",".join(p if p.startswith(prefix) else prefix + p for p in spec.split(",") if p)
 
 
-def _gpus_tres(spec: str) -> str:
-    # 22.05's xfmt_tres(..., "gres:gpu", spec): "gres:gpu:" before each entry.
-    return ",".join("gres:gpu:" + p for p in spec.split(",") if p)
+def _gpus_tres(spec: str, prefix: str) -> str:
+    # xfmt_tres(..., "gres:gpu", spec) in 22.05: "gres:gpu:" before each entry.
+    return ",".join(prefix + "gpu:" + p for p in spec.split(",") if p)
 
 
 def _join(*parts: str | None) -> str | None:
@@ -185,9 +185,11 @@ def _join(*parts: str | None) -> str | None:
     return joined or None
 
 
-def job_values(script: str | None, opts: JobOptions) -> dict[str, Any]:
+def job_values(script: str | None, opts: JobOptions, gres_prefix: str = "gres:"
+               ) -> dict[str, Any]:
     """The job description fields a submission with these options carries, in the form
-    Slurm 22.05's sbatch and slurmctld hand them to job_submit/lua.
+    Slurm 22.05's sbatch and slurmctld hand them to job_submit/lua (``gres_prefix``: the
+    release's gres form, ``"gres/"`` from 24.11).
 
     Raises:
         ConfigError: A value sbatch would refuse (a count that is not a number, a memory
@@ -203,13 +205,14 @@ def job_values(script: str | None, opts: JobOptions) -> dict[str, Any]:
     if opts.comment is not None:
         values["comment"] = opts.comment
     # --gres and --gpus-per-node share tres_per_node: sbatch appends the GPUs to the gres.
-    tpn = _join(_gres_tres(opts.gres) if opts.gres else None,
-                _gpus_tres(opts.gpus_per_node) if opts.gpus_per_node else None)
+    tpn = _join(_gres_tres(opts.gres, gres_prefix) if opts.gres else None,
+                _gpus_tres(opts.gpus_per_node, gres_prefix) if opts.gpus_per_node else None)
     for fld, value in (("tres_per_node", tpn),
-                       ("tres_per_job", opts.gpus and _gpus_tres(opts.gpus)),
-                       ("tres_per_task", opts.gpus_per_task and _gpus_tres(opts.gpus_per_task)),
+                       ("tres_per_job", opts.gpus and _gpus_tres(opts.gpus, gres_prefix)),
+                       ("tres_per_task",
+                        opts.gpus_per_task and _gpus_tres(opts.gpus_per_task, gres_prefix)),
                        ("tres_per_socket",
-                        opts.gpus_per_socket and _gpus_tres(opts.gpus_per_socket))):
+                        opts.gpus_per_socket and _gpus_tres(opts.gpus_per_socket, gres_prefix))):
         if value:
             values[fld] = value
     if opts.gres_flags:
@@ -303,7 +306,8 @@ def explain(
     if hook_text is None:
         hook_text = render_mod.render_hook(site, slurm=slurm or versions.DEFAULT).text
     rt = HookRuntime(hook_text, slurm=slurm)
-    values = job_values(script, opts)
+    values = job_values(script, opts, versions.release(
+        slurm or render_mod.rendered_for(hook_text)).gres_prefix)
     res = rt.submit(values)
     if not res.ok:
         outcome = "hook-error"

@@ -321,12 +321,15 @@ _LOAD_FAILED = re.compile(r"job_submit/lua.*(error|using previous script)|"
                           r"job_submit\.lua.*(error|failed)", re.I)
 
 
-def check_hook(conf_dir: str | Path, log_file: str | Path | None = None) -> dict[str, Any]:
+def check_hook(conf_dir: str | Path, log_file: str | Path | None = None,
+               slurm: str | None = None) -> dict[str, Any]:
     """Which hook is installed, whether it loads, and which one the controller last loaded.
 
     The controller's answer comes from ``slurmctld.log``: the hook logs
     ``hetslurm hook loaded: ... build=...`` every time slurmctld (re)loads it. slurmctld
-    reloads lazily, at the next submission after the file changed.
+    reloads lazily, at the next submission after the file changed. ``slurm``: the release
+    the controller runs, when known; a hook rendered for another one (left from before a
+    Slurm upgrade) has every GPU and FPGA job refused, and ``slurm_matches`` says so.
     """
     target = Path(conf_dir) / HOOK_FILE
     installed = _installed(target)
@@ -351,6 +354,9 @@ def check_hook(conf_dir: str | Path, log_file: str | Path | None = None) -> dict
         permissions="ok" if unsafe is None else f"unsafe: {unsafe}",
         loads=check.ok,
         load_error=check.error,
+        slurm_rendered_for=head.get("slurm"),
+        slurm_running=slurm,
+        slurm_matches=None if slurm is None else slurm == head.get("slurm"),
     )
     running = running_mode = when = None
     errors_after: list[str] = []

@@ -87,3 +87,14 @@ def test_explain_says_slurm_refuses_a_hook_left_from_another_release(demo: Site)
     assert ex.messages[-1].startswith("Invalid Trackable RESource (TRES) specification")
     ex = explain(script("#HET gpus=1 gpu-type=a100"), demo, slurm="24.11")
     assert ex.outcome == "rewritten" and ("tres_per_node", "gres/gpu:a100:1") in ex.writes
+
+
+def test_explain_hands_the_hook_the_gres_form_of_its_release(demo: Site) -> None:
+    from hetslurm.hook.explain import JobOptions, explain
+
+    text = script("#HET gpu-type=h100")
+    for release, prefix in (("22.05", "gres:"), ("24.11", "gres/")):
+        ex = explain(text, demo, JobOptions(gres="gpu:2"), slurm=release)
+        assert ex.job_before["tres_per_node"] == f"{prefix}gpu:2"
+        # As on the real 24.11.5: the job's own count gets the type, in the release's form.
+        assert ("tres_per_node", f"{prefix}gpu:h100:2") in ex.writes, ex.writes
