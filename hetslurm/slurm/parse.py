@@ -33,7 +33,10 @@ from hetslurm.slurm.backend import (
 from hetslurm.slurm.units import GresItem
 
 #: JSON plugin versions these parsers were checked against.
-TESTED_JSON_PLUGINS = frozenset({"openapi/v0.0.38", "openapi/dbv0.0.38"})
+TESTED_JSON_PLUGINS = frozenset({"openapi/v0.0.38", "openapi/dbv0.0.38",
+                                 "data_parser/v0.0.42"})
+#: What each schema is, for the message that refuses another one.
+_SCHEMAS = "v0.0.38 (Slurm 22.05) or data_parser v0.0.42 (--json=v0.0.42 on 24.11 and 26.05)"
 
 _T = TypeVar("_T")
 #: The latest time a Slurm record can hold as a time (epoch seconds): larger values are
@@ -71,7 +74,7 @@ def load_json_document(text: str | bytes, *, what: str) -> dict[str, Any]:
         if name is not None and name not in TESTED_JSON_PLUGINS:
             raise BackendError(
                 f"{what} printed schema {name[:80]!r}, which hetslurm does not read (it "
-                f"reads {', '.join(sorted(TESTED_JSON_PLUGINS))}: Slurm 22.05)")
+                f"reads {_SCHEMAS})")
     return doc
 
 
@@ -99,11 +102,14 @@ class _Record:
     wrong type, out of range or unparseable is a :class:`BackendError` that names the
     record and the field, never a raw ``ValueError``/``TypeError`` from deeper down."""
 
-    def __init__(self, rec: Any, what: str) -> None:
+    def __init__(self, rec: Any, what: str, v42: bool = False) -> None:
         if not isinstance(rec, Mapping):
             raise BackendError(f"{what} is {type(rec).__name__}, not a JSON object")
         self.rec = rec
         self.what = what
+        #: The record is data_parser v0.0.42's (24.11, 26.05): numbers may be
+        #: ``{"set", "infinite", "number"}`` objects and some strings are lists.
+        self.v42 = v42
 
     def fail(self, key: str, why: str) -> NoReturn:
         raise BackendError(f"{self.what}: field '{key}' {why}")
@@ -111,9 +117,21 @@ class _Record:
     def _shown(self, key: str) -> str:
         return repr(self.rec.get(key))[:60]
 
+    def _number(self, key: str) -> Any:
+        """The field's value; v0.0.42's ``{"set", "infinite", "number"}`` object becomes its
+        number, or None when not set, or Slurm's INFINITE when infinite."""
+        v = self.rec.get(key)
+        if self.v42 and isinstance(v, Mapping) and "number" in v:
+            if v.get("infinite") is True:
+                return units.INFINITE
+            if v.get("set") is False:
+                return None
+            v = v.get("number")
+        return v
+
     def uint(self, key: str, bits: int = 32) -> int | None:
         """An unsigned count or id: sentinels and null give None."""
-        v = self.rec.get(key)
+        v = self._number(key)
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, int):
@@ -130,7 +148,7 @@ class _Record:
 
     def time(self, key: str) -> datetime | None:
         """An epoch time: 0, null and sentinels give None."""
-        v = self.rec.get(key)
+        v = self._number(key)
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, int):
@@ -145,6 +163,13 @@ class _Record:
         if v is None or isinstance(v, str):
             return v
         self.fail(key, f"is {self._shown(key)}, not a string")
+
+    def words(self, key: str) -> list[str]:
+        """A list of words, or one string of them joined by commas (22.05's ``features``,
+        v0.0.42's lists)."""
+        if self.v42 and isinstance(self.rec.get(key), list):
+            return self.strings(key)
+        return list(_split_list(self.string(key)))
 
     def text(self, key: str) -> str | None:
         """A string with Slurm's placeholders (``(null)``, ``N/A``...) as None."""
@@ -238,17 +263,29 @@ def parse_node_state(text: str) -> frozenset[str]:
     return frozenset(out)
 
 
-def parse_sinfo_json(text: str | bytes) -> list[NodeInfo]:
-    """Nodes from ``sinfo --json`` (22.05: one entry per node, filters ignored)."""
-    doc = load_json_document(text, what="sinfo --json")
+def parse_sinfo_json(text: str | bytes, what: str = "sinfo --json") -> list[NodeInfo]:
+    """Nodes from 22.05's ``sinfo --json`` (one entry per node, filters ignored) or from
+    ``scontrol show node --json=v0.0.42`` (24.11, 26.05: states and features as lists).
+
+    Raises:
+        BackendError: also for 24.11+'s ``sinfo --json``, which groups nodes and has no
+            per-node record (never read as "0 nodes").
+    """
+    doc = load_json_document(text, what=what)
+    if "nodes" not in doc and "sinfo" in doc:
+        raise BackendError(f"{what} printed grouped records (Slurm 24.11 and later) with no "
+                           "per-node data; hetslurm reads nodes there with scontrol show "
+                           "node --json")
+    v42 = json_data_parser(doc) is not None
     out = []
-    for i, raw in enumerate(_document_list(doc, "nodes", "sinfo --json")):
-        n = _Record(raw, f"sinfo --json node {i}")
+    for i, raw in enumerate(_document_list(doc, "nodes", what)):
+        n = _Record(raw, f"{what} node {i}", v42)
         name = n.text("name")
         if name is None:
             n.fail("name", "is missing")
-        n.what = f"sinfo --json node {name[:60]!r}"
-        state = {(n.string("state") or "unknown").upper()}
+        n.what = f"{what} node {name[:60]!r}"
+        # 22.05: a base state and state_flags; v0.0.42: one list of upper-case words.
+        state = {w.upper() for w in n.words("state")} or {"UNKNOWN"}
         state.update(f.upper() for f in n.strings("state_flags"))
         gres, gres_used = n.string("gres"), n.string("gres_used")
         n.parsed("gres", units.parse_gres)
@@ -258,8 +295,8 @@ def parse_sinfo_json(text: str | bytes) -> list[NodeInfo]:
                 name=name,
                 state=frozenset(state),
                 reason=n.text("reason"),
-                features=n.string("features"),
-                active_features=n.string("active_features"),
+                features=",".join(n.words("features")),
+                active_features=",".join(n.words("active_features")),
                 weight=n.uint("weight"),
                 cpus_total=n.uint("cpus"),
                 cpus_alloc=n.uint("alloc_cpus"),
@@ -291,8 +328,8 @@ def _tres_items(value: str | None) -> tuple[GresItem, ...]:
     return units.parse_gres(",".join(parts)) if parts else ()
 
 
-def _json_job(raw: Any, pos: int = 0) -> JobInfo:
-    j = _Record(raw, f"squeue --json job {pos}")
+def _json_job(raw: Any, pos: int = 0, v42: bool = False) -> JobInfo:
+    j = _Record(raw, f"squeue --json job {pos}", v42)
     job_id = j.required_int("job_id")
     j.what = f"squeue --json job {job_id}"
     array_job_id = j.uint("array_job_id")
@@ -302,9 +339,14 @@ def _json_job(raw: Any, pos: int = 0) -> JobInfo:
     resources = j.rec.get("job_resources")
     if resources is not None and not isinstance(resources, Mapping):
         j.fail("job_resources", f"is {j._shown('job_resources')}, not an object")
+    res = _Record(resources or {}, f"{j.what} job_resources", v42)
+    # 22.05: allocated_nodes[*].nodename; v0.0.42: nodes.allocation[*].name.
     alloc_nodes = [
         _Record(a, f"{j.what} job_resources.allocated_nodes[{i}]").text("nodename")
-        for i, a in enumerate(_Record(resources or {}, j.what).records("allocated_nodes"))
+        for i, a in enumerate(res.records("allocated_nodes"))
+    ] or [
+        _Record(a, f"{j.what} job_resources.nodes.allocation[{i}]").text("name")
+        for i, a in enumerate(_Record(res.rec.get("nodes") or {}, res.what).records("allocation"))
     ]
     # gres_detail has one entry per allocated node, in the order of job_resources'
     # allocated_nodes; `scontrol show job -d` names the nodes explicitly and is preferred
@@ -319,7 +361,7 @@ def _json_job(raw: Any, pos: int = 0) -> JobInfo:
             allocated[node] = items
     limit_min = j.uint("time_limit")
     # null is unlimited here (see units.minutes_limit); so is INFINITE, and NO_VAL unknown.
-    raw_limit = j.rec.get("time_limit")
+    raw_limit = j._number("time_limit")
     limit = units.minutes_limit(raw_limit if limit_min is None else limit_min)
     return JobInfo(
         job_id=job_id,
@@ -328,7 +370,8 @@ def _json_job(raw: Any, pos: int = 0) -> JobInfo:
         account=j.text("account"),
         partition=j.text("partition"),
         qos=j.text("qos"),
-        state=(j.string("job_state") or "UNKNOWN").upper(),
+        # 22.05: one word; v0.0.42: a list, the base state first, then flags.
+        state=(next(iter(j.words("job_state")), None) or "UNKNOWN").upper(),
         reason=j.text("state_reason"),
         array_job_id=array_job_id or None,
         array_task_id=j.uint("array_task_id") if array_job_id else None,
@@ -363,7 +406,9 @@ def parse_squeue_json(text: str | bytes) -> list[JobInfo]:
 
 #: squeue --json fields a user writes freely; ``scontrol show job -o`` prints them unescaped.
 _FREE_TEXT = ("name", "comment", "admin_comment", "command", "current_working_directory",
-              "standard_output", "standard_error", "standard_input")
+              "standard_output", "standard_error", "standard_input",
+              # 26.05 prints the user's raw command line as SubmitLine=, unescaped.
+              "submit_line")
 
 
 def parse_squeue_json_checked(text: str | bytes) -> tuple[list[JobInfo], set[int]]:
@@ -376,7 +421,8 @@ def parse_squeue_json_checked(text: str | bytes) -> tuple[list[JobInfo], set[int
     """
     doc = load_json_document(text, what="squeue --json")
     raw = _document_list(doc, "jobs", "squeue --json")
-    jobs = [_json_job(j, i) for i, j in enumerate(raw)]
+    v42 = json_data_parser(doc) is not None
+    jobs = [_json_job(j, i, v42) for i, j in enumerate(raw)]
     risky = {
         job.job_id for job, j in zip(jobs, raw, strict=True)
         if any(isinstance(j.get(k), str) and _could_forge(j[k]) for k in _FREE_TEXT)
