@@ -306,8 +306,7 @@ def explain(
     if hook_text is None:
         hook_text = render_mod.render_hook(site, slurm=slurm or versions.DEFAULT).text
     rt = HookRuntime(hook_text, slurm=slurm)
-    values = job_values(script, opts, versions.release(
-        slurm or render_mod.rendered_for(hook_text)).gres_prefix)
+    values = job_values(script, opts, rt.release.gres_prefix)
     res = rt.submit(values)
     if not res.ok:
         outcome = "hook-error"

@@ -385,6 +385,8 @@ class HookRuntime:
     text: str
     chunkname: str = "job_submit.lua"
     slurm: str | None = None
+    #: The release the stand-in plays (from ``slurm`` or the text).
+    release: versions.Release = field(init=False)
     _lua: Any = field(default=None, init=False, repr=False)
     _h: Any = field(default=None, init=False, repr=False)
     _g: Any = field(default=None, init=False, repr=False)
@@ -393,7 +395,7 @@ class HookRuntime:
         self._lua = _lua.new_runtime()
         fields = self._lua.execute(b"return " + lua_literal(FIELDS).encode())
         constants = self._lua.execute(b"return " + lua_literal(CONSTANTS).encode())
-        release = versions.release(self.slurm or rendered_for(self.text))
+        self.release = release = versions.release(self.slurm or rendered_for(self.text))
         self._h = self._lua.execute(_HARNESS, fields, constants, release.name.encode(),
                                     release.gres_prefix.encode())
         result = self._h.load(self.text.encode("utf-8"), ("@" + self.chunkname).encode())

@@ -213,14 +213,17 @@ def to_python(obj: Any) -> Any:
 
     An empty table becomes ``{}``; callers that expect a list accept an empty dict.
     """
+    return _to_python(obj, _lua_type(flavour()))
+
+
+def _to_python(obj: Any, lua_type: Callable[[Any], str | None]) -> Any:
     if isinstance(obj, bytes):
         return obj.decode("utf-8", "replace")
     if isinstance(obj, (bool, int, float, str)) or obj is None:
         return obj
-    lua_type: Callable[[Any], str | None] = _lua_type(flavour())
     if lua_type(obj) != "table":
         raise TypeError(f"cannot convert Lua {lua_type(obj)} to Python")
-    items = {to_python(k): to_python(v) for k, v in obj.items()}
+    items = {_to_python(k, lua_type): _to_python(v, lua_type) for k, v in obj.items()}
     if (
         items
         and all(isinstance(k, int) for k in items)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from hetslurm.errors import BackendError, ConfigError
 from hetslurm.process import run_command
+from hetslurm.slurm.parse import parse_slurm_version
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,9 @@ def installed(slurm_conf: str | os.PathLike[str] | None = None, *,
             tried.append(f"{conf} does not exist")
             continue
         try:
-            said = run_command([*prefix, *argv], timeout=10, env=env).stdout
-            return release(said), said.split()[-1]
+            major, minor, micro = parse_slurm_version(
+                run_command([*prefix, *argv], timeout=10, env=env).stdout)
+            return release((major, minor)), f"{major}.{minor:02d}.{micro}"
         except BackendError as e:
             tried.append(str(e))
     raise BackendError(f"cannot tell which Slurm runs here ({'; '.join(tried)}); give "

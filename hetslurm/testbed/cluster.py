@@ -12,6 +12,7 @@ Facts this rests on are in SLURM-TESTBED.md (shared with the project) and docs/t
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -312,6 +313,11 @@ class Testbed:
         self._make_devices(site, st)
         return files
 
+    @functools.cached_property
+    def slurm_release(self) -> str:
+        """The release of the Slurm the testbed runs (the host's), asked once."""
+        return versions.installed()[0].name
+
     def check_hook(self, site: Site) -> None:
         """Render the site's hook and check it in Lua 5.1 as ``hook install`` does.
 
@@ -322,7 +328,7 @@ class Testbed:
         from hetslurm.hook.render import render_hook
 
         try:
-            res = validate_text(render_hook(site, slurm=versions.installed()[0].name).text, site)
+            res = validate_text(render_hook(site, slurm=self.slurm_release).text, site)
         except PlacementError as exc:
             raise TestbedError(f"the job_submit hook cannot be checked ({exc}); the testbed "
                                "does not boot without it") from exc
@@ -340,7 +346,7 @@ class Testbed:
         from hetslurm.hook.install import install_hook
 
         try:
-            res = install_hook(site, self.etc, slurm=versions.installed()[0].name)
+            res = install_hook(site, self.etc, slurm=self.slurm_release)
         except PlacementError as exc:
             raise TestbedError(f"the job_submit hook cannot be installed ({exc}); the testbed "
                                "does not boot without it") from exc
