@@ -78,9 +78,10 @@ class SiteSmokeJob:
     models: tuple[str, tuple[str, ...]] | None = None
 
 
-def site_smoke_jobs(site: Site) -> list[SiteSmokeJob]:
+def site_smoke_jobs(site: Site, gres_prefix: str = "gres:") -> list[SiteSmokeJob]:
     """A smoke job for every class, GPU model and FPGA model of ``site``, with the rewrite
-    the site (not a rendered table) asks for."""
+    the site (not a rendered table) asks for, in the gres form of the hook's release
+    (``gres_prefix``: ``gres:`` on 22.05, ``gres/`` on 24.11 and later)."""
     gpus, fpgas = list(site.gpu_models()), list(site.fpga_models())
     out: list[SiteSmokeJob] = []
     classes = site.sections.get("classes") or {}
@@ -98,9 +99,9 @@ def site_smoke_jobs(site: Site) -> list[SiteSmokeJob]:
             out.append(SiteSmokeJob(f"gpus=1 class={name}", common, (GPU_GRES, class_gpus)))
         if class_fpgas:
             out.append(SiteSmokeJob(f"fpga=1 class={name}", common, (FPGA_GRES, class_fpgas)))
-    out += [SiteSmokeJob(f"gpus=1 gpu-type={m}", {"tres_per_node": f"gres:{GPU_GRES}:{m}:1"})
+    out += [SiteSmokeJob(f"gpus=1 gpu-type={m}", {"tres_per_node": f"{gres_prefix}{GPU_GRES}:{m}:1"})
             for m in gpus]
-    out += [SiteSmokeJob(f"fpga={m}", {"tres_per_node": f"gres:{FPGA_GRES}:{m}:1"})
+    out += [SiteSmokeJob(f"fpga={m}", {"tres_per_node": f"{gres_prefix}{FPGA_GRES}:{m}:1"})
             for m in fpgas]
     return out
 
@@ -133,7 +134,7 @@ def _smoke_problem(job: SiteSmokeJob, res: CallResult) -> str | None:
 
 def _offered_models(fields: dict[str, Any], gres: str) -> tuple[str, ...]:
     """The models a rewritten job may land on: a typed gres's model, else its features."""
-    typed = re.findall(rf"gres:{gres}:([^:,]+):\d+", str(fields.get("tres_per_node") or ""))
+    typed = re.findall(rf"gres[:/]{gres}:([^:,]+):\d+", str(fields.get("tres_per_node") or ""))
     if typed:
         return tuple(typed)
     features = fields.get("features")
@@ -165,7 +166,7 @@ def validate_text(text: str, site: Site | None = None, *,
         enforcing = HookRuntime(render_mod.set_mode(decisions_text or text, "enforce"))
     except (HookLoadError, ConfigError) as e:
         return ValidationResult(False, f"cannot be checked in enforce mode: {e}", head)
-    for sj in site_smoke_jobs(site):
+    for sj in site_smoke_jobs(site, enforcing.release.gres_prefix):
         res = enforcing.submit({"script": f"#!/bin/sh\n#HET {sj.directive}\ntrue\n",
                                 "user_name": "root"})
         problem = _smoke_problem(sj, res)

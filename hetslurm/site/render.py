@@ -61,6 +61,9 @@ class Runtime:
     #: and use the process-tracking plugins that need no cgroup setup.
     emulate: bool = False
     job_submit_lua: bool = False
+    #: Write a cgroup.conf with ``CgroupPlugin=disabled``: slurmd 24.11 and later exits at
+    #: start where no cgroup filesystem is set up for it, even with the plugins above.
+    cgroup_disabled: bool = False
 
 
 @dataclass(frozen=True)
@@ -436,6 +439,9 @@ def render(site: Site, *, whole: bool = False, runtime: Runtime | None = None) -
         files["hetslurm-partitions.conf"] = "\n".join(
             [*_header(site, "Partitions"), *_partition_lines(site)]) + "\n"
     files["gres.conf"] = render_gres_conf(site, runtime)
+    if runtime is not None and runtime.cgroup_disabled:
+        files["cgroup.conf"] = ("# rendered by hetslurm: no cgroup filesystem is set up for "
+                                "these slurmd\nCgroupPlugin=disabled\n")
     if site.switches:
         files["topology.conf"] = render_topology_conf(site)
     return files

@@ -24,12 +24,16 @@ class Release:
     #: refuses ``gres/``; 24.11 and 26.05 take ``gres/gpu:a100:1`` and refuse ``gres:``
     #: ("Invalid Trackable RESource (TRES) specification").
     gres_prefix: str
+    #: slurmd exits at start without a cgroup.conf saying ``CgroupPlugin=disabled`` where no
+    #: cgroup filesystem is set up for it ("No filesystem mounted on /sys/fs/cgroup"), even
+    #: with proctrack/linuxproc and task/none; 22.05 needs no cgroup.conf there.
+    needs_cgroup_disabled: bool = False
 
 
 RELEASES: dict[str, Release] = {
     "22.05": Release("22.05", gres_prefix="gres:"),
-    "24.11": Release("24.11", gres_prefix="gres/"),
-    "26.05": Release("26.05", gres_prefix="gres/"),
+    "24.11": Release("24.11", gres_prefix="gres/", needs_cgroup_disabled=True),
+    "26.05": Release("26.05", gres_prefix="gres/", needs_cgroup_disabled=True),
 }
 #: The release the hook is rendered for when nothing says otherwise (Debian 12's Slurm).
 DEFAULT = "22.05"
@@ -55,12 +59,14 @@ def release(version: str | tuple[int, ...]) -> Release:
 
 
 def installed(slurm_conf: str | os.PathLike[str] | None = None, *,
-              root: str | os.PathLike[str] | None = None) -> tuple[Release, str]:
+              root: str | os.PathLike[str] | None = None,
+              path: str | None = None) -> tuple[Release, str]:
     """The supported release of the Slurm installed here: ``slurmctld -V`` or ``slurmd -V``
     where a daemon is installed (they need no configuration), else ``scontrol --version``,
     which on 22.05 needs a readable slurm.conf (``slurm_conf``, else ``$SLURM_CONF``, else
     Slurm's default). ``root``: ask the Slurm installed in that Debian root (through chroot).
-    Returns the release and the full version (``"24.11.5"``).
+    ``path``: look the programs up there instead of ``$PATH`` (the system's own Slurm, not
+    a testbed's wrappers). Returns the release and the full version (``"24.11.5"``).
 
     Raises:
         BackendError: no Slurm answers here; the message says to name the release instead.
@@ -69,6 +75,8 @@ def installed(slurm_conf: str | os.PathLike[str] | None = None, *,
     env = dict(os.environ)
     if slurm_conf is not None:
         env["SLURM_CONF"] = os.fspath(slurm_conf)
+    if path is not None:
+        env["PATH"] = path
     tried = []
     prefix = ["chroot", os.fspath(root)] if root is not None else []
     for argv in (["slurmctld", "-V"], ["slurmd", "-V"], ["scontrol", "--version"]):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hetslurm import fsguard
-from hetslurm.errors import CommandError, PlacementError, TestbedError
+from hetslurm.errors import BackendError, CommandError, PlacementError, TestbedError
 from hetslurm.levers.rollout import classify
 from hetslurm.process import run_command
 from hetslurm.site import Site, load_site
@@ -35,7 +35,7 @@ from hetslurm.site.find import ETC_ENV
 from hetslurm.site.render import Runtime, device_files, render, write_rendered
 from hetslurm.slurm import versions
 from hetslurm.slurm.cli_backend import CliBackend
-from hetslurm.testbed import packages, procs
+from hetslurm.testbed import packages, procs, roots
 from hetslurm.testbed.procs import Proc
 
 Log = Callable[[str], None]
@@ -58,6 +58,9 @@ SLURMSCRIPTD = "slurmscriptd"
 
 
 DIR_ENV = "HETSLURM_TESTBED_DIR"
+SHARE_ENV = "HETSLURM_TESTBED_SHARE"
+#: Where the host's own Slurm programs are looked up (never a testbed's wrappers).
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def default_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -95,6 +98,10 @@ class State:
     node_ports: dict[str, int]
     db_password: str
     procs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The Slurm release it runs ("" in a state written before releases: the host's).
+    slurm: str = ""
+    #: What ``up`` mounted for a root (its proc, sys, ... and the shared folders), for ``down``.
+    mounts: list[str] = field(default_factory=list)
 
     def proc(self, name: str) -> Proc | None:
         d = self.procs.get(name)
@@ -115,8 +122,10 @@ class Testbed:
     __test__ = False  # not a pytest class
 
     def __init__(self, root: Path | str | None = None, log: Log | None = None,
-                 ctld_env: Mapping[str, str] | None = None) -> None:
+                 ctld_env: Mapping[str, str] | None = None, slurm: str | None = None) -> None:
         self.root = Path(root).absolute() if root else default_dir()
+        #: The release asked for (``up --slurm``); None: the one it runs, else the host's.
+        self.wanted: str | None = versions.release(slurm).name if slurm else None
         self.log: Log = log or (lambda _msg: None)
         # Added to slurmctld's environment only when this object starts it (the hook
         # benchmark's Lua timer); the other daemons never get it.
@@ -140,6 +149,11 @@ class Testbed:
         return self.root / "testbed.json"
 
     @property
+    def bindir(self) -> Path:
+        """Where the wrappers of a root's Slurm programs live (first on ``PATH``)."""
+        return self.root / "bin"
+
+    @property
     def munge_sock(self) -> Path:
         return self.root / "munge" / "munge.sock"
 
@@ -155,15 +169,27 @@ class Testbed:
     def env_vars(self) -> dict[str, str]:
         """``SLURM_CONF``, ``HETSLURM_ETC`` (this testbed's etc/, its config root) and
         ``HETSLURM_TESTBED_DIR`` (so the site rule finds this testbed's site)."""
-        return {"SLURM_CONF": str(self.conf), ETC_ENV: str(self.etc), DIR_ENV: str(self.root)}
+        out = {"SLURM_CONF": str(self.conf), ETC_ENV: str(self.etc), DIR_ENV: str(self.root)}
+        if self.in_root:
+            rest = [p for p in os.environ.get("PATH", "").split(os.pathsep)
+                    if p and p != str(self.bindir)]
+            out["PATH"] = os.pathsep.join([str(self.bindir), *rest])
+        return out
 
     def slurm(self) -> CliBackend:
         """The access layer aimed at this cluster (its SLURM_CONF)."""
         return CliBackend(self.env())
 
     def env_line(self) -> str:
-        """The ``export`` lines for ``eval "$(hetslurm testbed env)"``."""
-        return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in self.env_vars().items())
+        """The ``export`` lines for ``eval "$(hetslurm testbed env)"``; on a root, ``PATH``
+        gets the wrappers of the root's Slurm programs in front of the shell's own."""
+        lines = []
+        for k, v in self.env_vars().items():
+            if k == "PATH":
+                lines.append(f'export PATH={shlex.quote(str(self.bindir))}:"$PATH"')
+            else:
+                lines.append(f"export {k}={shlex.quote(v)}")
+        return "\n".join(lines)
 
     def running_site(self) -> Path | None:
         """The site file this testbed was brought up with, when its slurmctld runs.
@@ -214,6 +240,7 @@ class Testbed:
             emulate=True,
             # `up` installs hetslurm's hook (install_hook) before it renders slurm.conf.
             job_submit_lua=(self.etc / "job_submit.lua").exists(),
+            cgroup_disabled=versions.release(self.slurm_release).needs_cgroup_disabled,
         )
 
     def running(self, st: State | None = None) -> dict[str, bool]:
@@ -239,13 +266,21 @@ class Testbed:
             raise TestbedError("the testbed runs its daemons as root; run as root")
         site_file = Path(site_path) if site_path else (self.running_site() or default_site())
         site = load_site(site_file)
+        st = self.load_state()
+        if st is not None and self.running(st).get(SLURMCTLD):
+            runs = st.slurm or self.host_release
+            if runs != self.slurm_release:
+                raise TestbedError(
+                    f"the testbed in {self.root} runs Slurm {runs}; one release at a time: "
+                    f"`hetslurm testbed down` first, or use another --dir for {self.slurm_release}")
         # Before any package or daemon: the testbed is Slurm *with* the hook, never without.
         self.check_hook(site)
         installed = packages.ensure_packages(self.log)
         if installed:
             self.log(f"installed: {' '.join(installed)}")
         packages.check_binaries()
-        st = self.load_state()
+        if self.in_root:
+            st = self._prepare_root(st, site)
         if st is not None and st.cluster != site.name:
             raise TestbedError(
                 f"{self.root} holds cluster '{st.cluster}', the site is '{site.name}': bring it "
@@ -257,6 +292,9 @@ class Testbed:
         else:
             st.site = str(site_file.absolute())
             self._assign_node_ports(st, site)
+        if st.slurm != self.slurm_release:
+            st.slurm = self.slurm_release
+            self.save_state(st)
         self._start_all(site, st)
         nodes = self.wait_nodes_idle(site)
         return UpResult("started", time.monotonic() - t0, nodes)
@@ -265,7 +303,7 @@ class Testbed:
         names = [SLURMCTLD, SLURMD, SLURMDBD, "mariadb"]
         ports = dict(zip(names, free_ports(len(names)), strict=True))
         st = State(site=site_file, cluster=site.name, ports=ports, node_ports={},
-                   db_password=secrets.token_hex(16))
+                   db_password=secrets.token_hex(16), slurm=self.slurm_release)
         self._assign_node_ports(st, site)
         self.root.mkdir(parents=True, exist_ok=True)
         self.save_state(st)
@@ -314,9 +352,76 @@ class Testbed:
         return files
 
     @functools.cached_property
+    def host_release(self) -> str:
+        """The release of the host's own Slurm (its system programs, never a testbed's
+        wrappers); where none is installed yet, the one the host's Debian ships."""
+        try:
+            return versions.installed(path=SYSTEM_PATH)[0].name
+        except BackendError:
+            return debian_release()
+
+    @functools.cached_property
     def slurm_release(self) -> str:
-        """The release of the Slurm the testbed runs (the host's), asked once."""
-        return versions.installed()[0].name
+        """The release this testbed runs: the one asked for, else the one it was brought up
+        with, else the host's."""
+        if self.wanted:
+            return self.wanted
+        try:
+            st = self.load_state()
+        except TestbedError:
+            st = None
+        return st.slurm if st is not None and st.slurm else self.host_release
+
+    def slurm_version(self) -> str | None:
+        """The full version of the Slurm it runs (``"24.11.5"``), None when unknown (a root
+        not built yet, no Slurm installed)."""
+        if self.in_root:
+            ready = roots.ready_root(self.slurm_release)
+            return ready.slurm_version if ready else None
+        try:
+            return versions.installed(path=SYSTEM_PATH)[1]
+        except BackendError:
+            return None
+
+    @property
+    def in_root(self) -> bool:
+        """Whether its Slurm runs inside a cached Debian root (a release the host lacks)."""
+        return self.slurm_release != self.host_release
+
+    @functools.cached_property
+    def slurm_root(self) -> roots.Root | None:
+        """The ready root of its release (built now when missing), or None when the host's
+        own Slurm runs it."""
+        if not self.in_root:
+            return None
+        return roots.build_root(self.slurm_release, log=self.log)
+
+    def shared_folders(self) -> list[Path]:
+        """Host folders a root must see at the same path: the state folder (configuration,
+        sockets, device files), /tmp and /home (job scripts and output), the folder ``up``
+        ran in (a job's default working folder) and ``$HETSLURM_TESTBED_SHARE`` (``:``-
+        separated)."""
+        extra = [Path(p) for p in os.environ.get(SHARE_ENV, "").split(os.pathsep) if p]
+        return [self.root, Path("/tmp"), Path("/home"), Path.cwd(), *extra]  # noqa: S108
+
+    def _prepare_root(self, st: State | None, site: Site) -> State:
+        """The root's Slurm made ready to run: root built, wrappers written, its system
+        folders and the shared folders mounted (recorded in the state for ``down``)."""
+        root = self.slurm_root
+        assert root is not None
+        if st is None:
+            st = self._new_state(site, str(Path(site.path).absolute()))
+        if roots.add_libmariadb(root.path) is None:
+            self.log("no Debian 12 libmariadb3 on this host: slurmdbd of the root uses its own "
+                     "MariaDB client library (see docs/testbed.md)")
+        roots.write_wrappers(root.path, self.bindir, self.slurm_release)
+        st.mounts = [m for m in st.mounts if os.path.ismount(m)]
+        st.mounts += roots.mount_system(root.path)
+        self.save_state(st)
+        st.mounts += roots.bind_shared(root.path, self.shared_folders())
+        self.save_state(st)
+        self.log(f"Slurm {root.slurm_version} runs from {root.path}")
+        return st
 
     def check_hook(self, site: Site) -> None:
         """Render the site's hook and check it in Lua 5.1 as ``hook install`` does.
@@ -630,6 +735,12 @@ class Testbed:
         remaining = procs.marked_pids(str(self.root))
         if remaining:
             raise TestbedError(f"processes of the testbed still run: {remaining}")
+        if st.mounts:
+            stuck = roots.unmount(st.mounts)
+            st.mounts = stuck
+            self.save_state(st)
+            if stuck:
+                raise TestbedError(f"could not unmount {', '.join(stuck)}")
         return {"stopped": stopped, "killed": killed, "jobs_cancelled": cancelled,
                 "seconds": round(time.monotonic() - t0, 3)}
 
@@ -686,7 +797,8 @@ class Testbed:
     def status(self) -> dict[str, Any]:
         st = self.load_state()
         if st is None:
-            return {"dir": str(self.root), "exists": False, "daemons": {}, "nodes": {}}
+            return {"dir": str(self.root), "exists": False, "daemons": {}, "nodes": {},
+                    "slurm_version": None}
         alive = self.running(st)
         nodes: dict[str, str] = {}
         if alive.get(SLURMCTLD):
@@ -700,10 +812,25 @@ class Testbed:
             "cluster": st.cluster,
             "site": st.site,
             "slurm_conf": str(self.conf),
+            "slurm_release": self.slurm_release,
+            "slurm_version": self.slurm_version(),
+            "root": str(roots.root_path(self.slurm_release)) if self.in_root else None,
             "ports": st.ports,
             "daemons": {n: {"pid": st.procs[n]["pid"], "alive": a} for n, a in alive.items()},
             "nodes": nodes,
         }
+
+
+def debian_release(os_release: Path = Path("/etc/debian_version")) -> str:
+    """The Slurm release the host's Debian ships (12: 22.05, 13: 24.11, unstable: 26.05), for
+    a host that has no Slurm installed yet; the default release elsewhere."""
+    try:
+        text = os_release.read_text().strip()
+    except OSError:
+        return versions.DEFAULT
+    major = text.split(".")[0]
+    return {"12": "22.05", "13": "24.11"}.get(major, "26.05" if "sid" in text else
+                                               versions.DEFAULT)
 
 
 def free_ports(n: int, exclude: set[int] | None = None) -> list[int]:

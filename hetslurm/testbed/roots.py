@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,7 +99,18 @@ def _step(what: str, argv: list[str], timeout: float, env: dict[str, str] | None
 def mounted(path: Path) -> Iterator[None]:
     """The root's proc, sys, a private devpts and a tmpfs shm, unmounted on the way out
     (a mount left behind would outlive the process)."""
-    done: list[Path] = []
+    done: list[str] = []
+    try:
+        done = mount_system(path)
+        yield
+    finally:
+        unmount(done)
+
+
+def mount_system(path: Path) -> list[str]:
+    """Mount the root's proc, sys, a private devpts and a tmpfs shm where they are not mounted
+    yet; returns what it mounted (for :func:`unmount`)."""
+    done: list[str] = []
     try:
         for source, target, opts in MOUNTS:
             where = path / target
@@ -106,12 +118,112 @@ def mounted(path: Path) -> Iterator[None]:
             if os.path.ismount(where):
                 continue
             _step(f"mounting {target}", ["mount", *opts, source, str(where)], 30)
-            done.append(where)
-        yield
-    finally:
-        for where in reversed(done):
-            with contextlib.suppress(BackendError):
-                run_command(["umount", "-l", str(where)], timeout=30)
+            done.append(str(where))
+    except TestbedError:
+        unmount(done)
+        raise
+    return done
+
+
+def bind_shared(path: Path, shared: Iterable[Path]) -> list[str]:
+    """Bind-mount each host folder of ``shared`` at the same path inside the root (the
+    testbed's state, job scripts and output), skipping one already visible through another;
+    returns what it mounted (for :func:`unmount`)."""
+    done: list[str] = []
+    seen: list[Path] = []
+    try:
+        for folder in sorted({Path(p).resolve() for p in shared}, key=lambda p: len(p.parts)):
+            if folder == Path("/") or any(folder.is_relative_to(s) for s in seen):
+                continue
+            if not folder.is_dir():
+                continue
+            where = path / folder.relative_to("/")
+            where.mkdir(parents=True, exist_ok=True)
+            seen.append(folder)
+            if os.path.ismount(where):
+                continue
+            _step(f"sharing {folder} with the root", ["mount", "--bind", str(folder),
+                                                      str(where)], 30)
+            done.append(str(where))
+    except TestbedError:
+        unmount(done)
+        raise
+    return done
+
+
+def unmount(targets: Iterable[str]) -> list[str]:
+    """Unmount ``targets`` in reverse order (lazily: a daemon's last file may still close);
+    returns those that would not unmount."""
+    failed = []
+    for where in reversed(list(targets)):
+        if not os.path.ismount(where):
+            continue
+        res = run_command(["umount", "-l", where], timeout=30, check=False)
+        if res.returncode != 0:
+            failed.append(where)
+    return failed
+
+
+#: Slurm's programs a testbed on a root runs through wrappers: daemons in usr/sbin, the
+#: clients in usr/bin (what the access layer, the tests and a user's shell call by name).
+SLURM_DAEMONS = ("slurmctld", "slurmd", "slurmdbd", "slurmrestd")
+SLURM_CLIENTS = ("sbatch", "salloc", "srun", "squeue", "sinfo", "scontrol", "scancel", "sacct",
+                 "sacctmgr", "sdiag", "sprio", "sshare", "sstat", "sreport", "strigger")
+#: Where a root keeps the MariaDB client library its slurmdbd loads (see :func:`add_libmariadb`).
+LIBMARIADB_DIR = "opt/hetslurm/libmariadb"
+
+
+def add_libmariadb(path: Path, host_lib: Path | None = None) -> Path | None:
+    """Copy the host's MariaDB client library (Debian 12's libmariadb3 10.11) into the root.
+
+    slurmdbd 24.11 and 26.05 die at start with the MariaDB Connector/C 3.4 of Debian 13 and
+    unstable ("5027 Number of columns in result (=1) set exceeds maximum allowed number of
+    columns (=0)", then ``fatal: _check_mysql_concat_is_sane``); the same slurmdbd runs with
+    the 10.11 client library on ``LD_LIBRARY_PATH`` (../shared/SLURM-VERSIONS.md). Returns
+    the folder, or None when the host has no such library (a Debian 13 host).
+    """
+    lib = host_lib or Path("/usr/lib/x86_64-linux-gnu/libmariadb.so.3")
+    if not lib.is_file():
+        return None
+    folder = path / LIBMARIADB_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / "libmariadb.so.3"
+    data = lib.read_bytes()
+    if not target.is_file() or target.read_bytes() != data:
+        target.write_bytes(data)
+    return folder
+
+
+def write_wrappers(path: Path, bindir: Path, release: str) -> list[str]:
+    """Small scripts in ``bindir``, one per Slurm program of the root, that run that program
+    inside the root in the caller's folder (``/`` when the root cannot see it), keeping the
+    caller's environment (``SLURM_CONF``, the testbed's mark). ``exec`` all the way, so a
+    daemon started through its wrapper keeps the pid it was started with."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    written = []
+    q = shlex.quote(str(path))
+    libdir = path / LIBMARIADB_DIR
+    for names, where in ((SLURM_DAEMONS, "usr/sbin"), (SLURM_CLIENTS, "usr/bin")):
+        for name in names:
+            if not (path / where / name).exists():
+                continue
+            env = ""
+            if name == "slurmdbd" and (libdir / "libmariadb.so.3").is_file():
+                env = f" LD_LIBRARY_PATH=/{LIBMARIADB_DIR}"
+            text = (
+                "#!/bin/sh\n"
+                f"# hetslurm testbed: Slurm {release}'s {name}, run inside {path}\n"
+                'd=$PWD\n'
+                f'[ -d {q}"$d" ] || d=/\n'
+                f'exec /usr/sbin/chroot {q} /usr/bin/env -C "$d"{env} '
+                f'/{where}/{name} "$@"\n')
+            w = bindir / name
+            tmp = w.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.chmod(0o755)
+            tmp.replace(w)
+            written.append(name)
+    return written
 
 
 def in_root(path: Path, argv: list[str], *, timeout: float, what: str) -> str:

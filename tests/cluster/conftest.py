@@ -1,8 +1,9 @@
 """Cluster tests: the real local Slurm testbed, booted once per session.
 
 The session fixture brings the testbed up in its own state folder (``.testbed-tests`` in the
-checkout, or ``$HETSLURM_TEST_TESTBED_DIR``) and brings it down at the end, so nothing is
-left running. Each test submits through :class:`Jobs`, which cancels what the test submitted
+checkout, or ``$HETSLURM_TEST_TESTBED_DIR``) on the host's Slurm or ``$HETSLURM_TEST_SLURM``
+(a release run from its Debian root) and brings it down at the end, so nothing is left
+running. Each test submits through :class:`Jobs`, which cancels what the test submitted
 and fails the test when that cleanup fails.
 """
 
@@ -38,7 +39,8 @@ def testbed() -> Iterator[Testbed]:
     if os.geteuid() != 0:
         pytest.fail("cluster tests need root (the testbed starts Slurm daemons)")
     root = Path(os.environ.get("HETSLURM_TEST_TESTBED_DIR", ROOT / ".testbed-tests"))
-    tb = Testbed(root)
+    # HETSLURM_TEST_SLURM=24.11|26.05: the same tests on that release, from its cached root.
+    tb = Testbed(root, slurm=os.environ.get("HETSLURM_TEST_SLURM") or None)
     tb.up(DEMO)
     yield tb
     tb.down()
