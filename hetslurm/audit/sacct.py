@@ -238,7 +238,7 @@ def _decode_jobs(records: SacctRecords, site: Site | None, res: SacctResult) -> 
             continue
         # In JOB_COLUMNS order (less run); times stay raw (0 = "not yet", NaN in bulk).
         rows.append((rec.job_id, rec.name or "", rec.user or "", rec.account or "",
-                     partition, (rec.state.current or "") if rec.state is not None else "",
+                     partition, rec.state.name if rec.state is not None else "",
                      t.submission or 0, t.eligible or 0, t.start or 0, t.end or 0,
                      t.elapsed or 0, nodes, gpus, model or "", typed is not None,
                      rec.constraints or "", jcomment, admin, wc))

@@ -470,7 +470,7 @@ def _sacct(slurm: SlurmBackend, sub: _Submitted, n: int, timeout: float = 120) -
                 continue
             rows[rec.job_id] = (_epoch(rec.time.submission), _epoch(rec.time.start),
                                 _epoch(rec.time.end),
-                                (rec.state.current if rec.state else None) or "",
+                                rec.state.name if rec.state else "",
                                 rec.nodes or "")
         done = [r for r in rows.values() if r[2] is not None]
         if len(done) == len(sub.ids):

@@ -1,7 +1,10 @@
-"""The Slurm backend over Slurm's command-line tools (tested on Slurm 22.05.8).
+"""The Slurm backend over Slurm's command-line tools (tested on Slurm 22.05.8, 24.11.5 and
+26.05.5; what differs per release is :class:`hetslurm.slurm.versions.Release`).
 
-Listings come from ``sinfo --json`` and ``squeue --json`` (schema ``openapi/v0.0.38``),
-which in 22.05 ignore filter options such as ``-n``/``-j`` and always print everything;
+Listings come from ``squeue --json`` and, per node, ``sinfo --json`` on 22.05 (schema
+``openapi/v0.0.38``, filters such as ``-n``/``-j`` ignored: everything is printed) or
+``scontrol show node --json=v0.0.42`` on 24.11 and later (``squeue --json=v0.0.42 -t all``:
+those honour filters and hide finished jobs unless asked);
 single objects come from ``scontrol show node|job -d -o``, which names the GRES device
 indices per node. QOS and associations come from ``sacctmgr``, accounting records from
 ``sacct --json``. Parsing lives in :mod:`.parse` and :mod:`.sacct`. This module and those
@@ -11,6 +14,7 @@ which method runs which).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from collections.abc import Mapping, Sequence
@@ -21,7 +25,7 @@ from typing import Unpack
 
 from hetslurm.errors import BackendError, CommandError, CommandFailure
 from hetslurm.process import CommandResult, run_command
-from hetslurm.slurm import parse, units
+from hetslurm.slurm import parse, units, versions
 from hetslurm.slurm.backend import (
     Association,
     ControllerStats,
@@ -106,9 +110,29 @@ class CliBackend(SlurmBackend):
         """The Slurm version of the CLIs (``scontrol --version``)."""
         return parse.parse_slurm_version(self._run("scontrol", "--version").stdout)
 
+    @functools.cached_property
+    def slurm_release(self) -> versions.Release:
+        """The supported release of these CLIs, asked once; it decides the ``--json`` schema,
+        the filters and the node listing (:class:`hetslurm.slurm.versions.Release`).
+
+        Raises:
+            ConfigError: a Slurm release hetslurm does not support (named).
+        """
+        return versions.release(self.version())
+
+    def _json(self, *argv: str, timeout: float | None = None) -> CommandResult:
+        """``argv`` with the ``--json`` option of this release."""
+        return self._run(*argv, self.slurm_release.json_option, timeout=timeout)
+
+    def _all_jobs_json(self) -> str:
+        """Every job the controller holds, finished ones included, as ``squeue --json``."""
+        return self._json("squeue", *self.slurm_release.all_jobs, timeout=QUEUE_TIMEOUT_S).stdout
+
     # ---------------------------------------------------------------- reading
     def nodes(self) -> list[NodeInfo]:
-        return parse.parse_sinfo_json(self._run("sinfo", "--json").stdout)
+        listing = self.slurm_release.node_listing
+        return parse.parse_sinfo_json(self._json(*listing).stdout,
+                                      what=f"{' '.join(listing)} --json")
 
     def node(self, name: str) -> NodeInfo:
         out = self._run_object(f"node '{name}'", "scontrol", "show", "node", "-d", "-o", name)
@@ -118,7 +142,7 @@ class CliBackend(SlurmBackend):
         return found[0]
 
     def jobs(self) -> list[JobInfo]:
-        jobs, risky = parse.parse_squeue_json_checked(self._run("squeue", "--json").stdout)
+        jobs, risky = parse.parse_squeue_json_checked(self._all_jobs_json())
         details = parse.parse_scontrol_jobs(
             self._run("scontrol", "show", "job", "-d", "-o").stdout)
         return self._completed(jobs, details, risky)
@@ -170,7 +194,7 @@ class CliBackend(SlurmBackend):
         pick = next((j for j in found if j.display_id == ref or str(j.job_id) == ref), found[0])
         # The job's fields from squeue --json (22.05 lists every job the controller holds; it
         # ignores -j), the allocation detail from scontrol only when it can be trusted.
-        listed, risky = parse.parse_squeue_json_checked(self._run("squeue", "--json").stdout)
+        listed, risky = parse.parse_squeue_json_checked(self._all_jobs_json())
         base = next((j for j in listed if j.job_id == pick.job_id), None)
         if base is not None:
             return self._completed([base], found, risky)[0]
@@ -320,8 +344,8 @@ class CliBackend(SlurmBackend):
             return datetime.fromtimestamp(t).strftime("%Y-%m-%dT%H:%M:%S")  # sacct: local time
 
         # --duplicates: a requeued job keeps one record per start, not only its last.
-        out = self._run("sacct", "--json", "--allusers", "--duplicates", "-S", iso(since),
-                        "-E", iso(until), timeout=ACCOUNTING_TIMEOUT_S)
+        out = self._json("sacct", "--allusers", "--duplicates", "-S", iso(since),
+                         "-E", iso(until), timeout=ACCOUNTING_TIMEOUT_S)
         return parse_sacct_document(out.stdout)
 
     def accounting_jobs_by_id(self, job_ids: Sequence[JobRef], *, all_users: bool = False,
@@ -329,9 +353,9 @@ class CliBackend(SlurmBackend):
         if not job_ids:
             return SacctRecords([])
         # With -j and no -S, sacct looks back to the epoch: every run of these jobs.
-        argv = ["sacct", "--json", *(["--allusers"] if all_users else []),
+        argv = ["sacct", *(["--allusers"] if all_users else []),
                 *(["-X"] if allocations_only else []), "-j", ",".join(map(str, job_ids))]
-        return parse_sacct_document(self._run(*argv, timeout=ACCOUNTING_TIMEOUT_S).stdout)
+        return parse_sacct_document(self._json(*argv, timeout=ACCOUNTING_TIMEOUT_S).stdout)
 
     def _sacctmgr_show(self, *args: str) -> str:
         return self._run("sacctmgr", "-n", "-P", "show", *args).stdout

@@ -1,4 +1,6 @@
-"""``sacct --json`` documents (Slurm 22.05, ``openapi/dbv0.0.38``) as typed job records.
+"""``sacct --json`` documents as typed job records: Slurm 22.05's ``openapi/dbv0.0.38`` and
+24.11/26.05's ``data_parser/v0.0.42`` (``--json=v0.0.42``), whose job records carry the fields
+read here under the same names (the state as a list, :class:`SacctState`).
 
 Decoding is msgspec's: the document is first split into the raw bytes of each element of
 its ``jobs`` array (one pass in C, which also proves the whole document is JSON), then each
@@ -57,7 +59,17 @@ class SacctTime(msgspec.Struct, gc=False):
 
 
 class SacctState(msgspec.Struct, gc=False):
-    current: str | None = None
+    """22.05: one word; data_parser v0.0.42 (24.11 on): a list, the base state first."""
+
+    current: str | list[str] | None = None
+
+    @property
+    def name(self) -> str:
+        """The base state (``COMPLETED``), "" when none is recorded."""
+        cur = self.current
+        if isinstance(cur, list):
+            return str(cur[0]) if cur else ""
+        return cur or ""
 
 
 class SacctComment(msgspec.Struct, gc=False):
@@ -142,5 +154,6 @@ def parse_sacct_document(text: str | bytes) -> SacctRecords:
         if name is not None and name not in TESTED_JSON_PLUGINS:
             raise SacctDocumentError(
                 f"sacct output is schema {name[:80]!r}, which hetslurm does not read (it "
-                f"reads {', '.join(sorted(TESTED_JSON_PLUGINS))}: Slurm 22.05)")
+                f"reads {', '.join(sorted(TESTED_JSON_PLUGINS))}: Slurm 22.05, and "
+                "--json=v0.0.42 of 24.11 and 26.05)")
     return SacctRecords(doc.jobs)

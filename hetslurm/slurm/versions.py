@@ -28,12 +28,26 @@ class Release:
     #: cgroup filesystem is set up for it ("No filesystem mounted on /sys/fs/cgroup"), even
     #: with proctrack/linuxproc and task/none; 22.05 needs no cgroup.conf there.
     needs_cgroup_disabled: bool = False
+    #: The ``--json`` option that asks for a schema hetslurm reads: 22.05 prints only its
+    #: v0.0.38; 24.11 (v0.0.40-42) and 26.05 (v0.0.42-45) both print data_parser v0.0.42.
+    json_option: str = "--json"
+    #: What makes ``squeue`` list every job the controller holds, finished ones included:
+    #: 22.05's ``squeue --json`` ignores filters and lists them all; 24.11 on honour
+    #: ``-t`` and hide finished jobs unless asked for ``-t all``.
+    all_jobs: tuple[str, ...] = ()
+    #: The listing with one record per node: 22.05's ``sinfo --json``; 24.11 on group
+    #: nodes there, ``scontrol show node --json`` lists each.
+    node_listing: tuple[str, ...] = ("sinfo",)
 
 
 RELEASES: dict[str, Release] = {
     "22.05": Release("22.05", gres_prefix="gres:"),
-    "24.11": Release("24.11", gres_prefix="gres/", needs_cgroup_disabled=True),
-    "26.05": Release("26.05", gres_prefix="gres/", needs_cgroup_disabled=True),
+    "24.11": Release("24.11", gres_prefix="gres/", needs_cgroup_disabled=True,
+                     json_option="--json=v0.0.42", all_jobs=("-t", "all"),
+                     node_listing=("scontrol", "show", "node")),
+    "26.05": Release("26.05", gres_prefix="gres/", needs_cgroup_disabled=True,
+                     json_option="--json=v0.0.42", all_jobs=("-t", "all"),
+                     node_listing=("scontrol", "show", "node")),
 }
 #: The release the hook is rendered for when nothing says otherwise (Debian 12's Slurm).
 DEFAULT = "22.05"

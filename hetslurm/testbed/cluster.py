@@ -59,6 +59,8 @@ SLURMSCRIPTD = "slurmscriptd"
 
 DIR_ENV = "HETSLURM_TESTBED_DIR"
 SHARE_ENV = "HETSLURM_TESTBED_SHARE"
+#: In a root: the state folder of the testbed that runs it (one testbed per root).
+ROOT_OWNER = "HETSLURM-TESTBED"
 #: Where the host's own Slurm programs are looked up (never a testbed's wrappers).
 SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -409,13 +411,26 @@ class Testbed:
         folders and the shared folders mounted (recorded in the state for ``down``)."""
         root = self.slurm_root
         assert root is not None
+        owner_file = root.path / ROOT_OWNER
+        owner = owner_file.read_text().strip() if owner_file.is_file() else ""
+        if owner and owner != str(self.root):
+            try:
+                other = Testbed(owner)
+                busy = bool(other.running().get(SLURMCTLD))
+            except TestbedError:
+                busy = False
+            if busy:
+                raise TestbedError(
+                    f"the Slurm {self.slurm_release} root {root.path} is in use by the testbed "
+                    f"in {owner}; one testbed per root: bring that one down first")
+        owner_file.write_text(f"{self.root}\n")
         if st is None:
             st = self._new_state(site, str(Path(site.path).absolute()))
         if roots.add_libmariadb(root.path) is None:
             self.log("no Debian 12 libmariadb3 on this host: slurmdbd of the root uses its own "
                      "MariaDB client library (see docs/testbed.md)")
         roots.write_wrappers(root.path, self.bindir, self.slurm_release)
-        st.mounts = [m for m in st.mounts if os.path.ismount(m)]
+        st.mounts = [m for m in st.mounts if roots.is_mounted(m)]
         st.mounts += roots.mount_system(root.path)
         self.save_state(st)
         st.mounts += roots.bind_shared(root.path, self.shared_folders())
@@ -735,6 +750,10 @@ class Testbed:
         remaining = procs.marked_pids(str(self.root))
         if remaining:
             raise TestbedError(f"processes of the testbed still run: {remaining}")
+        if self.in_root:
+            owner_file = roots.root_path(self.slurm_release) / ROOT_OWNER
+            if owner_file.is_file() and owner_file.read_text().strip() == str(self.root):
+                owner_file.unlink()
         if st.mounts:
             stuck = roots.unmount(st.mounts)
             st.mounts = stuck

@@ -107,6 +107,22 @@ def mounted(path: Path) -> Iterator[None]:
         unmount(done)
 
 
+def mount_points(mounts: Path = Path("/proc/self/mounts")) -> set[str]:
+    """Where something is mounted now (a bind mount of a folder of the same filesystem
+    included, which ``os.path.ismount`` does not see)."""
+    out = set()
+    for line in mounts.read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 1:
+            # /proc/self/mounts escapes space, tab, newline and backslash as octal.
+            out.add(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1]))
+    return out
+
+
+def is_mounted(path: str | Path) -> bool:
+    return os.fspath(path) in mount_points()
+
+
 def mount_system(path: Path) -> list[str]:
     """Mount the root's proc, sys, a private devpts and a tmpfs shm where they are not mounted
     yet; returns what it mounted (for :func:`unmount`)."""
@@ -115,7 +131,7 @@ def mount_system(path: Path) -> list[str]:
         for source, target, opts in MOUNTS:
             where = path / target
             where.mkdir(parents=True, exist_ok=True)
-            if os.path.ismount(where):
+            if is_mounted(where):
                 continue
             _step(f"mounting {target}", ["mount", *opts, source, str(where)], 30)
             done.append(str(where))
@@ -140,7 +156,7 @@ def bind_shared(path: Path, shared: Iterable[Path]) -> list[str]:
             where = path / folder.relative_to("/")
             where.mkdir(parents=True, exist_ok=True)
             seen.append(folder)
-            if os.path.ismount(where):
+            if is_mounted(where):
                 continue
             _step(f"sharing {folder} with the root", ["mount", "--bind", str(folder),
                                                       str(where)], 30)
@@ -156,7 +172,7 @@ def unmount(targets: Iterable[str]) -> list[str]:
     returns those that would not unmount."""
     failed = []
     for where in reversed(list(targets)):
-        if not os.path.ismount(where):
+        if not is_mounted(where):
             continue
         res = run_command(["umount", "-l", where], timeout=30, check=False)
         if res.returncode != 0:
@@ -252,7 +268,7 @@ def build_root(release: str, *, log: Log = print, mirror: str | None = None) -> 
     if path.exists():
         log(f"removing the unfinished root {path}")
         for _, target, _ in MOUNTS:  # a crashed build may have left them
-            if os.path.ismount(path / target):
+            if is_mounted(path / target):
                 run_command(["umount", "-l", str(path / target)], timeout=30, check=False)
         shutil.rmtree(path)
     path.parent.mkdir(parents=True, exist_ok=True)
