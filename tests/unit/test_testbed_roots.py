@@ -4,6 +4,7 @@ machine (docs/testbed.md); these tests need no network."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -51,3 +52,68 @@ def test_what_refuses_to_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(roots.os, "geteuid", lambda: 1000)
     with pytest.raises(TestbedError, match=r"building the Slurm 26\.05 root needs root"):
         roots.build_root("26.05")
+
+
+def _fake_root(tmp_path: Path) -> Path:
+    root = tmp_path / "root"
+    for rel in ("usr/sbin/slurmctld", "usr/sbin/slurmdbd", "usr/bin/sbatch", "usr/bin/squeue"):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("")
+    return root
+
+
+def test_wrappers_run_the_roots_programs_in_the_callers_folder(tmp_path: Path) -> None:
+    root = _fake_root(tmp_path)
+    lib = tmp_path / "libmariadb.so.3"
+    lib.write_bytes(b"\x7fELF not really")
+    assert roots.add_libmariadb(root, lib) == root / roots.LIBMARIADB_DIR
+    bindir = tmp_path / "bin"
+    written = roots.write_wrappers(root, bindir, "24.11")
+    # Only what the root has: no wrapper that would run a missing program.
+    assert sorted(written) == ["sbatch", "slurmctld", "slurmdbd", "squeue"]
+    ctld = (bindir / "slurmctld").read_text()
+    assert f'exec /usr/sbin/chroot {root} /usr/bin/env -C "$d" /usr/sbin/slurmctld "$@"' in ctld
+    assert f'[ -d {root}"$d" ] || d=/' in ctld  # a folder the root cannot see: run in /
+    dbd = (bindir / "slurmdbd").read_text()
+    assert f"LD_LIBRARY_PATH=/{roots.LIBMARIADB_DIR} /usr/sbin/slurmdbd" in dbd
+    assert "LD_LIBRARY_PATH" not in (bindir / "sbatch").read_text()
+    for name in written:
+        assert (bindir / name).stat().st_mode & 0o111
+        res = subprocess.run(["sh", "-n", str(bindir / name)], capture_output=True, check=False)
+        assert res.returncode == 0, res.stderr
+
+
+def test_no_host_libmariadb_leaves_the_roots_own(tmp_path: Path) -> None:
+    root = _fake_root(tmp_path)
+    assert roots.add_libmariadb(root, tmp_path / "absent.so") is None
+    roots.write_wrappers(root, tmp_path / "bin", "26.05")
+    assert "LD_LIBRARY_PATH" not in (tmp_path / "bin" / "slurmdbd").read_text()
+
+
+def test_mount_points_see_bind_mounts_and_escaped_names(tmp_path: Path) -> None:
+    mounts = tmp_path / "mounts"
+    mounts.write_text("/dev/vda / ext4 rw 0 0\n"
+                      "/dev/vda /var/cache/r/trixie/tmp ext4 rw 0 0\n"
+                      "/dev/vda /var/cache/r/trixie/my\\040dir ext4 rw 0 0\n")
+    got = roots.mount_points(mounts)
+    assert "/var/cache/r/trixie/tmp" in got
+    assert "/var/cache/r/trixie/my dir" in got
+
+
+def test_shared_folders_are_bound_once_outermost_first(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "root"
+    outer = tmp_path / "share"
+    inner = outer / "testbed"
+    inner.mkdir(parents=True)
+    other = tmp_path / "other"
+    other.mkdir()
+    ran: list[list[str]] = []
+    monkeypatch.setattr(roots, "_step", lambda what, argv, timeout, env=None: ran.append(argv))
+    monkeypatch.setattr(roots, "is_mounted", lambda p: False)
+    done = roots.bind_shared(root, [inner, outer, other, tmp_path / "missing", Path("/")])
+    # The inner folder is seen through the outer one; a missing folder and / are not bound.
+    assert [a[-2] for a in ran] == [str(other), str(outer)]
+    assert all(a[:2] == ["mount", "--bind"] for a in ran)
+    assert done == [str(root / other.relative_to("/")), str(root / outer.relative_to("/"))]
+    assert (root / inner.relative_to("/")).parent.is_dir()
