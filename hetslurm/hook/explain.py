@@ -321,9 +321,16 @@ def explain(
     for f, v in res.writes:
         if isinstance(v, str) and "{" in v and f in ("admin_comment", "comment"):
             record = v
+    messages = list(res.user_messages) + ([res.refused] if res.refused else [])
+    if not res.ok:
+        # What slurmctld does with a Lua error the script did not catch depends on the release.
+        messages.append(
+            f"Slurm {rt.release.name} rejects the job on this Lua error" if
+            rt.release.lua_error_rejects else
+            f"Slurm {rt.release.name} logs this Lua error and accepts the job as it stands")
     ex = Explanation(
         outcome=outcome, rc=res.rc, writes=list(res.writes),
-        messages=list(res.user_messages) + ([res.refused] if res.refused else []),
+        messages=messages,
         job_before=values, record=record, hook=head,
         log=[f"{lvl}: {msg}" for lvl, msg in res.log] + ([res.error] if res.error else []),
     )

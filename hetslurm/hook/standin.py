@@ -132,6 +132,36 @@ def _fields() -> dict[str, dict[str, Any]]:
 #: Every job_desc field the 22.05.8 plugin knows, with kind, settable, default and alias.
 FIELDS: dict[str, dict[str, Any]] = _fields()
 
+#: What later releases changed in the plugin's job_desc fields (``_get_job_req_field`` and
+#: ``_set_job_req_field`` of job_submit_lua.c, slurm-22-05-8-1 against slurm-24-11-5-1 and
+#: slurm-26-05-3-1): fields added (with their spec) and removed, each release over the last.
+_FIELD_CHANGES: dict[str, tuple[dict[str, dict[str, Any]], tuple[str, ...]]] = {
+    "24.11": ({
+        "mcs_label": {"kind": "str", "set": True},          # settable from 23.11
+        "selinux_context": {"kind": "str", "set": True},    # readable from 23.02.6
+        "assoc_comment": {"kind": "str", "set": False},     # 23.02
+        "assoc_qos": {"kind": "str", "set": False},         # 24.05.5
+    }, ("power_flags",)),                                   # --power dropped in 24.05
+    "26.05": ({
+        "core_spec": {"kind": "u16", "set": True, "default": NO_VAL16},
+        "thread_spec": {"kind": "u16", "set": True, "default": NO_VAL16},
+        "segment_size": {"kind": "u16", "set": True, "default": NO_VAL16},
+    }, ()),
+}
+
+
+def fields_for(release: str) -> dict[str, dict[str, Any]]:
+    """The job_desc fields of ``release``'s plugin (22.05's with each later change applied)."""
+    out = dict(FIELDS)
+    for name in versions.RELEASES:
+        if name == versions.DEFAULT or name > release:
+            continue
+        added, removed = _FIELD_CHANGES.get(name, ({}, ()))
+        out.update(added)
+        for f in removed:
+            out.pop(f, None)
+    return out
+
 #: The ``slurm`` table of the 22.05.8 plugin (constants; functions are added by the harness).
 CONSTANTS: dict[str, int] = {
     "SUCCESS": 0,
@@ -167,6 +197,22 @@ CONSTANTS: dict[str, int] = {
     "SPREAD_JOB": 256,
     "USE_MIN_NODES": 512,
 }
+
+#: From 23.02 the plugin exports every code of slurm_errtab, not only the eight above; these
+#: are the ones a hook refuses with (values as in slurm/slurm_errno.h of 24.11 and 26.05).
+_LATER_CONSTANTS: dict[str, int] = {
+    "ESLURM_INVALID_PARTITION_NAME": 2000,
+    "ESLURM_REQUESTED_NODE_CONFIG_UNAVAILABLE": 2014,
+    "ESLURM_INVALID_FEATURE": 2029,
+    "ESLURM_INVALID_QOS": 2066,
+    "ESLURM_INVALID_GRES": 2072,
+}
+
+
+def constants_for(release: str) -> dict[str, int]:
+    """The ``slurm`` table's constants in ``release``'s plugin."""
+    return dict(CONSTANTS) if release == versions.DEFAULT else {**CONSTANTS, **_LATER_CONSTANTS}
+
 
 _HARNESS = b"""
 local FIELDS, CONSTANTS, RELEASE, GRES = ...
@@ -393,9 +439,10 @@ class HookRuntime:
 
     def __post_init__(self) -> None:
         self._lua = _lua.new_runtime()
-        fields = self._lua.execute(b"return " + lua_literal(FIELDS).encode())
-        constants = self._lua.execute(b"return " + lua_literal(CONSTANTS).encode())
         self.release = release = versions.release(self.slurm or rendered_for(self.text))
+        fields = self._lua.execute(b"return " + lua_literal(fields_for(release.name)).encode())
+        constants = self._lua.execute(
+            b"return " + lua_literal(constants_for(release.name)).encode())
         self._h = self._lua.execute(_HARNESS, fields, constants, release.name.encode(),
                                     release.gres_prefix.encode())
         result = self._h.load(self.text.encode("utf-8"), ("@" + self.chunkname).encode())

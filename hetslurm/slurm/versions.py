@@ -38,6 +38,10 @@ class Release:
     #: The listing with one record per node: 22.05's ``sinfo --json``; 24.11 on group
     #: nodes there, ``scontrol show node --json`` lists each.
     node_listing: tuple[str, ...] = ("sinfo",)
+    #: A Lua error the script does not catch rejects the job (26.05: the plugin returns
+    #: ``ESLURM_LUA_FUNC_FAILED_RUNTIME_ERROR``); before, it was logged and the job accepted
+    #: with whatever the script had set until then.
+    lua_error_rejects: bool = False
 
 
 RELEASES: dict[str, Release] = {
@@ -47,7 +51,7 @@ RELEASES: dict[str, Release] = {
                      node_listing=("scontrol", "show", "node")),
     "26.05": Release("26.05", gres_prefix="gres/", needs_cgroup_disabled=True,
                      json_option="--json=v0.0.42", all_jobs=("-t", "all"),
-                     node_listing=("scontrol", "show", "node")),
+                     node_listing=("scontrol", "show", "node"), lua_error_rejects=True),
 }
 #: The release the hook is rendered for when nothing says otherwise (Debian 12's Slurm).
 DEFAULT = "22.05"

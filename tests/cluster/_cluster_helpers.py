@@ -19,9 +19,12 @@ from hetslurm.testbed.procs import marked_pids
 class Jobs:
     """Submits jobs for one test and cancels them afterwards."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], gres: str = "gres:") -> None:
         self.env = env
         self.ids: list[str] = []
+        #: How the testbed's release names a gres in TresPerNode ("gres:" on 22.05,
+        #: "gres/" from 24.11).
+        self.gres = gres
 
     def sbatch(self, *args: str, script: str = "sleep 30") -> str:
         res = run_command(["sbatch", "--parsable", "-o", "/dev/null", *args, "--wrap", script],

@@ -17,6 +17,7 @@ import pytest
 from _cluster_helpers import Jobs
 
 from hetslurm.site import Site, load_site
+from hetslurm.slurm import versions
 from hetslurm.testbed import Testbed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,9 +52,16 @@ def slurm_env(testbed: Testbed) -> dict[str, str]:
     return testbed.env()
 
 
+@pytest.fixture(scope="session")
+def cli_env(testbed: Testbed) -> dict[str, str]:
+    """What an in-process ``hetslurm`` command (CliRunner) needs to reach the testbed: its
+    SLURM_CONF, and on a root the PATH with the root's client tools."""
+    return {k: v for k, v in testbed.env_vars().items() if k in ("SLURM_CONF", "PATH")}
+
+
 @pytest.fixture
-def jobs(slurm_env: dict[str, str]) -> Iterator[Jobs]:
-    j = Jobs(slurm_env)
+def jobs(slurm_env: dict[str, str], testbed: Testbed) -> Iterator[Jobs]:
+    j = Jobs(slurm_env, versions.release(testbed.slurm_release).gres_prefix)
     yield j
     # A failing cleanup is reported as an error of the test, never swallowed.
     j.cancel_all()

@@ -238,7 +238,7 @@ def test_requeue_stalled_batch(jobs: Jobs, slurm_env: dict[str, str], demo_site:
         assert jobs.field(j, "JobState") == "PENDING", j
     # The downgraded job: released (not held) and asking for the cheaper model.
     assert "held" not in jobs.field(dg_ok, "Reason").lower()
-    assert jobs.field(dg_ok, "TresPerNode") == "gres:gpu:a100:1"
+    assert jobs.field(dg_ok, "TresPerNode") == f"{jobs.gres}gpu:a100:1"
     assert out[interactive].result == "done"
     assert jobs.field(interactive, "JobState") == "CANCELLED"
     for j in (busy, exempt, norequeue, f"{array}_0", truncating, missing, mig,

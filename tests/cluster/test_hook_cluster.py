@@ -72,7 +72,7 @@ def record(fields: dict[str, str]) -> str:
 def hook_restored(testbed: Testbed, demo_site: Site) -> Iterator[Path]:
     """Tests that replace the hook get it back (validated and with a newer mtime) after."""
     yield testbed.etc
-    install_text(render_hook(demo_site).text, testbed.etc)
+    install_text(render_hook(demo_site, slurm=testbed.slurm_release).text, testbed.etc)
 
 
 def test_sbatch_class_train_lands_on_a_gpu_node(jobs: Jobs, tmp_path: Path) -> None:
@@ -81,7 +81,7 @@ def test_sbatch_class_train_lands_on_a_gpu_node(jobs: Jobs, tmp_path: Path) -> N
     f = show(jobs, job_id)
     assert f["Partition"] == "gpu"
     assert f["Features"] == "h100|a100"
-    assert f["TresPerNode"] == "gres:gpu:2"
+    assert f["TresPerNode"] == f"{jobs.gres}gpu:2"
     rec = record(f)
     assert '"class":"train"' in rec and '"set":"tres_per_node,features,partition"' in rec
     assert running_on(jobs, job_id) <= H100 | A100
@@ -92,7 +92,7 @@ def test_sbatch_single_model_is_typed_gres(jobs: Jobs, tmp_path: Path) -> None:
                        "sleep 30\n")
     assert job_id
     f = show(jobs, job_id)
-    assert f["TresPerNode"] == "gres:gpu:a100:1"
+    assert f["TresPerNode"] == f"{jobs.gres}gpu:a100:1"
     assert f["Requeue"] == "0"
     assert f["Features"] == "(null)"
     assert running_on(jobs, job_id) <= A100
@@ -106,7 +106,7 @@ def test_sbatch_cpu_and_fpga_classes(jobs: Jobs, tmp_path: Path) -> None:
     assert (f["Partition"], f["Features"], f["MinCPUsNode"]) == ("cpu", "cpu", "2")
     assert running_on(jobs, io) <= CPU
     g = show(jobs, fpga)
-    assert (g["Partition"], g["TresPerNode"]) == ("fpga", "gres:fpga:u280:1")
+    assert (g["Partition"], g["TresPerNode"]) == ("fpga", f"{jobs.gres}fpga:u280:1")
     assert running_on(jobs, fpga) == {"fpga1"}
 
 
@@ -117,7 +117,7 @@ def test_sbatch_switch_and_binding(jobs: Jobs, tmp_path: Path) -> None:
     f = show(jobs, job_id)
     assert f["Switches"] == "1@00:02:00"
     assert f["NumNodes"].startswith("2")
-    assert f["TresPerNode"] == "gres:gpu:h100:1"
+    assert f["TresPerNode"] == f"{jobs.gres}gpu:h100:1"
     assert running_on(jobs, job_id) == H100
 
 
@@ -199,7 +199,7 @@ def test_energy_low_one_answer_from_explain_place_and_the_hook(jobs: Jobs, tmp_p
 
     ex = hetslurm("explain", str(script))
     writes = {w["field"]: w["value"] for w in ex["writes"]}
-    assert writes["tres_per_node"] == "gres:gpu:a100:1", writes
+    assert writes["tres_per_node"] == f"{jobs.gres}gpu:a100:1", writes
     assert ex["placement"] is not None, ex.get("placement_note")
     assert not ex["placement"]["placeable"], ex["placement"]
     assert not set(ex["placement"]["nodes"]) & H100
@@ -272,7 +272,7 @@ def test_salloc_with_comment(jobs: Jobs) -> None:
     assert m, res.stderr
     jobs.ids.append(m.group(1))
     f = show(jobs, m.group(1))
-    assert f["TresPerNode"] == "gres:fpga:u280:1"
+    assert f["TresPerNode"] == f"{jobs.gres}fpga:u280:1"
     assert f["NodeList"] == "fpga1"
 
 
@@ -298,7 +298,7 @@ def test_het_job_components(jobs: Jobs, tmp_path: Path) -> None:
     assert job_id
     first, second = show(jobs, f"{job_id}+0"), show(jobs, f"{job_id}+1")
     assert (first["Partition"], first["Features"]) == ("cpu", "cpu")
-    assert second["TresPerNode"] == "gres:gpu:h100:1"
+    assert second["TresPerNode"] == f"{jobs.gres}gpu:h100:1"
     assert running_on(jobs, f"{job_id}+0") <= CPU
     assert running_on(jobs, f"{job_id}+1") <= H100
 

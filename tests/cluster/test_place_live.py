@@ -26,7 +26,7 @@ DEMO = ROOT / "site-configs" / "demo.toml"
 
 
 def _place(env: dict[str, str], *args: str) -> dict[str, object]:
-    res = CliRunner(env={"SLURM_CONF": env["SLURM_CONF"]}).invoke(
+    res = CliRunner(env={"SLURM_CONF": env["SLURM_CONF"], "PATH": env["PATH"]}).invoke(
         cli, ["place", "--site", str(DEMO), "--format", "json", *args])
     assert res.exit_code == 0, res.output
     doc: dict[str, object] = json.loads(res.stdout)
@@ -61,7 +61,7 @@ def test_place_live_never_offers_held_gpus(slurm_env: dict[str, str], jobs: Jobs
     assert busy["blocking"] == "gpu_free" and busy["earliest_start"] is not None
     # The dump read back answers the same as live.
     dump = tmp_path / "state.json"
-    res = CliRunner(env={"SLURM_CONF": slurm_env["SLURM_CONF"]}).invoke(
+    res = CliRunner(env={"SLURM_CONF": slurm_env["SLURM_CONF"], "PATH": slurm_env["PATH"]}).invoke(
         cli, ["state", "dump", "--out", str(dump)])
     assert res.exit_code == 0, res.output
     state = LiveState.from_json(dump.read_text())

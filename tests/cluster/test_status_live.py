@@ -46,7 +46,7 @@ def _independent_counts(env: dict[str, str]) -> dict[tuple[str, str], dict[str, 
 
 def _status_json(env: dict[str, str]) -> dict[tuple[str, str], dict[str, int]]:
     res = CliRunner().invoke(cli, ["status", "--format", "json", "--backend", "cli"],
-                             env={"SLURM_CONF": env["SLURM_CONF"]})
+                             env={"SLURM_CONF": env["SLURM_CONF"], "PATH": env["PATH"]})
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     return {(r["resource"], r["model"]): {k: r[k] for k in ("total", "allocated", "free",
