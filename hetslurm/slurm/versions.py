@@ -42,6 +42,10 @@ class Release:
     #: ``ESLURM_LUA_FUNC_FAILED_RUNTIME_ERROR``); before, it was logged and the job accepted
     #: with whatever the script had set until then.
     lua_error_rejects: bool = False
+    #: ``--prefer=a100 --constraint='a100|h100'`` with every A100 busy starts on an H100 at
+    #: once (26.05: the main scheduler falls back); before, the job waits, reason
+    #: ``Priority``, until the next backfill pass (up to ``bf_interval``). docs/versions.md.
+    prefer_falls_back_at_once: bool = False
 
 
 RELEASES: dict[str, Release] = {
@@ -51,7 +55,8 @@ RELEASES: dict[str, Release] = {
                      node_listing=("scontrol", "show", "node")),
     "26.05": Release("26.05", gres_prefix="gres/", needs_cgroup_disabled=True,
                      json_option="--json=v0.0.42", all_jobs=("-t", "all"),
-                     node_listing=("scontrol", "show", "node"), lua_error_rejects=True),
+                     node_listing=("scontrol", "show", "node"), lua_error_rejects=True,
+                     prefer_falls_back_at_once=True),
 }
 #: The release the hook is rendered for when nothing says otherwise (Debian 12's Slurm).
 DEFAULT = "22.05"
