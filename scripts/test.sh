@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: the same set-up as the demo, then ruff, mypy, and the unit,
-# slurmctld and cluster tests (the cluster tests boot the real local testbed themselves).
+# slurmctld and cluster tests (the cluster tests boot the real local testbed themselves),
+# then the release tier of the cluster tests on Slurm 24.11 and 26.05 (each from its cached
+# Debian root, built when missing: docs/testbed.md).
 # Run as root on Debian 12: bash scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,4 +22,24 @@ for lua in lua52 lua53 lua54; do
     HETSLURM_LUA=$lua pytest -p no:cacheprovider -q tests/unit/test_hook_*.py \
         tests/unit/test_hostile_scripts.py tests/unit/test_request*.py \
         tests/unit/test_decision_record.py tests/unit/test_explain_options.py
+done
+
+# The cluster tests whose outcome depends on the Slurm release: jobs, the hook, the access
+# layer's reads, audit against sacct, requeue, ranked fallback, the testbed's own life.
+RELEASE_TIER=(
+    tests/cluster/test_testbed_jobs.py
+    tests/cluster/test_hook_cluster.py
+    tests/cluster/test_metrics_collect.py
+    tests/cluster/test_act_requeue.py
+    tests/cluster/test_prefer_fallback.py
+    tests/cluster/test_status_live.py
+    tests/cluster/test_place_live.py
+    tests/cluster/test_slurm_free_text_live.py
+)
+for release in 24.11 26.05; do
+    echo "== the release tier on Slurm $release" >&2
+    start=$SECONDS
+    HETSLURM_TEST_SLURM=$release HETSLURM_TEST_TESTBED_DIR="$PWD/.testbed-tests-$release" \
+        pytest -p no:cacheprovider -q "${RELEASE_TIER[@]}"
+    echo "== release tier $release: $((SECONDS - start)) s" >&2
 done

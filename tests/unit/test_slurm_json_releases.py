@@ -12,6 +12,7 @@ import pytest
 from hetslurm.errors import BackendError
 from hetslurm.request.record import find_record
 from hetslurm.slurm import parse
+from hetslurm.slurm.sacct import parse_sacct_document
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 
@@ -67,9 +68,9 @@ def test_finished_jobs_decode_too() -> None:
     assert all(j.end_time is not None for j in jobs)
 
 
-@pytest.mark.parametrize("name", ["squeue.json", "scontrol-show-node.json"])
+@pytest.mark.parametrize("name", ["squeue.json", "sinfo.json"])
 def test_a_schema_not_checked_is_named(name: str) -> None:
-    # 26.05 prints data_parser v0.0.45 unless asked for v0.0.42.
+    # 26.05 prints data_parser v0.0.45 unless asked for v0.0.42 (these two were not).
     with pytest.raises(BackendError, match=r"printed schema 'data_parser/v0.0.45', which "
                                            r"hetslurm does not read \(it reads v0.0.38"):
         if name == "squeue.json":
@@ -83,3 +84,22 @@ def test_a_submit_line_that_could_forge_marks_the_job_untrusted() -> None:
     text = text.replace('"submit_line": "', '"submit_line": "sbatch x.sh Restarts=0 ', 1)
     jobs, risky = parse.parse_squeue_json_checked(text)
     assert len(risky) == 1 and jobs
+
+
+def test_26_05_asked_for_v0042_decodes_like_24_11() -> None:
+    # Captured from the 26.05.5 testbed (`testbed up --slurm 26.05`) with --json=v0.0.42.
+    nodes = parse.parse_sinfo_json(read("26.05", "scontrol-show-node.json"),
+                                   what="scontrol show node --json")
+    assert len(nodes) == 9 and {"gpu1", "fpga1", "cpu4"} <= {n.name for n in nodes}
+    jobs = parse.parse_squeue_json(read("26.05", "squeue-all.json"))
+    assert len(jobs) > 10 and all(j.job_id > 0 for j in jobs)
+    assert any(j.state in ("COMPLETED", "CANCELLED") for j in jobs)  # -t all: finished jobs
+
+
+@pytest.mark.parametrize("release", ["24.11", "26.05"])
+def test_sacct_v0042_records_decode(release: str) -> None:
+    recs = parse_sacct_document(read(release, "sacct.json"))
+    got = [recs.decode(r) for r in recs.raws]
+    assert got and all(r.state is not None and r.state.name for r in got)
+    assert any(t.name and t.name.startswith("gpu") for r in got
+               for t in (r.tres.allocated if r.tres and r.tres.allocated else []))
