@@ -188,13 +188,18 @@ class CliBackend(SlurmBackend):
         ref = str(job_id)
         out = self._run_object(f"job {ref}", "scontrol", "show", "job", "-d", "-o", ref)
         found = parse.parse_scontrol_jobs(out.stdout)
-        if not found:
-            raise NotFoundError(f"job {ref} not found")
-        # An array's parent id prints every task; the caller asked for this id.
-        pick = next((j for j in found if j.display_id == ref or str(j.job_id) == ref), found[0])
         # The job's fields from squeue --json (22.05 lists every job the controller holds; it
         # ignores -j), the allocation detail from scontrol only when it can be trusted.
         listed, risky = parse.parse_squeue_json_checked(self._all_jobs_json())
+        if not found:
+            # scontrol answered, but no line of it could be read (free text broke it): the
+            # JSON's record, without the per-node detail only scontrol gives.
+            only = [j for j in listed if j.display_id == ref or str(j.job_id) == ref]
+            if only:
+                return only[0]
+            raise NotFoundError(f"job {ref} not found")
+        # An array's parent id prints every task; the caller asked for this id.
+        pick = next((j for j in found if j.display_id == ref or str(j.job_id) == ref), found[0])
         base = next((j for j in listed if j.job_id == pick.job_id), None)
         if base is not None:
             return self._completed([base], found, risky)[0]

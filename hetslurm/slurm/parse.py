@@ -592,11 +592,22 @@ def parse_job_cpu_ids(pairs: list[tuple[str, str]]) -> dict[str, tuple[int, ...]
 
 
 def parse_scontrol_jobs(text: str) -> list[JobInfo]:
-    """Jobs from ``scontrol show job -d -o``."""
+    """Jobs from ``scontrol show job -d -o``.
+
+    A line whose per-node ``GRES=`` or ``CPU_IDs=`` does not parse is left out: scontrol
+    prints free text unescaped (26.05's ``SubmitLine=`` repeats a comment's line breaks and
+    ``Key=value`` words, then the rest of the command line), so such a line is not Slurm's
+    to believe; the access layer then keeps the JSON's record of that job.
+    """
     out = []
     for rec in scontrol_records(text):
         job_id = _int(_first(rec, "JobId"))
         if job_id is None:
+            continue
+        try:
+            allocated_gres = parse_job_gres_detail(rec)
+            cpu_ids = parse_job_cpu_ids(rec)
+        except (ValueError, BackendError):
             continue
         array_job_id = _int(_first(rec, "ArrayJobId"))
         array_task_raw = _first(rec, "ArrayTaskId")
@@ -622,8 +633,8 @@ def parse_scontrol_jobs(text: str) -> list[JobInfo]:
                 tres_per_node=_tres_items(_first(rec, "TresPerNode")),
                 tres_per_job=_tres_items(_first(rec, "TresPerJob")),
                 tres_per_task=_tres_items(_first(rec, "TresPerTask")),
-                allocated_gres=parse_job_gres_detail(rec),
-                cpu_ids=parse_job_cpu_ids(rec),
+                allocated_gres=allocated_gres,
+                cpu_ids=cpu_ids,
                 nodes=units.expand_hostlist(_first(rec, "NodeList")),
                 submit_time=units.parse_datetime(_first(rec, "SubmitTime")),
                 eligible_time=units.parse_datetime(_first(rec, "EligibleTime")),
@@ -828,7 +839,11 @@ def parse_job_output_files(text: str) -> OutputFiles:
         values = [v for k, v in records[0] if k == key]
         return values[0] if len(values) == 1 else None
 
-    return OutputFiles(stdout=once("StdOut"), stderr=once("StdErr"))
+    stdout, stderr = once("StdOut"), once("StdErr")
+    if stderr == "":
+        # 26.05 prints an empty StdErr= when the job's errors go where its output goes.
+        stderr = stdout
+    return OutputFiles(stdout=stdout, stderr=stderr)
 
 
 def parse_sacctmgr_column(text: str) -> list[str]:

@@ -103,3 +103,22 @@ def test_sacct_v0042_records_decode(release: str) -> None:
     assert got and all(r.state is not None and r.state.name for r in got)
     assert any(t.name and t.name.startswith("gpu") for r in got
                for t in (r.tres.allocated if r.tres and r.tres.allocated else []))
+
+
+def test_an_empty_stderr_of_26_05_follows_stdout() -> None:
+    # 26.05 prints StdErr= (empty) when errors go where the output goes; 24.11 repeats StdOut.
+    for release in ("24.11", "26.05"):
+        files = parse.parse_job_output_files(read(release, "scontrol-show-job-d-o.txt"))
+        assert files.stdout == files.stderr == "/tb/jobs/j1.out"
+    assert parse.parse_job_output_files("JobId=1 StdErr= StdIn=/dev/null StdOut=/dev/null"
+                                        ).stderr == "/dev/null"
+
+
+def test_a_line_broken_by_free_text_is_left_out_not_raised() -> None:
+    # 26.05's SubmitLine repeats a comment with a line break and Key=value words, then the
+    # rest of the command line: the forged line's GRES= does not parse.
+    text = ("JobId=5 JobName=x JobState=RUNNING Comment=c\n"
+            "JobId=4 JobName=victim JobState=RUNNING Nodes=gpu1 CPU_IDs=0-7 Mem=0 "
+            "GRES=gpu:h100:8(IDX:0-7) --wrap sleep 60\n")
+    jobs = parse.parse_scontrol_jobs(text)
+    assert [j.job_id for j in jobs] == [5]
