@@ -99,8 +99,8 @@ def site_smoke_jobs(site: Site, gres_prefix: str = "gres:") -> list[SiteSmokeJob
             out.append(SiteSmokeJob(f"gpus=1 class={name}", common, (GPU_GRES, class_gpus)))
         if class_fpgas:
             out.append(SiteSmokeJob(f"fpga=1 class={name}", common, (FPGA_GRES, class_fpgas)))
-    out += [SiteSmokeJob(f"gpus=1 gpu-type={m}", {"tres_per_node": f"{gres_prefix}{GPU_GRES}:{m}:1"})
-            for m in gpus]
+    out += [SiteSmokeJob(f"gpus=1 gpu-type={m}",
+                         {"tres_per_node": f"{gres_prefix}{GPU_GRES}:{m}:1"}) for m in gpus]
     out += [SiteSmokeJob(f"fpga={m}", {"tres_per_node": f"{gres_prefix}{FPGA_GRES}:{m}:1"})
             for m in fpgas]
     return out

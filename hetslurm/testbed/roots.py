@@ -148,7 +148,8 @@ def bind_shared(path: Path, shared: Iterable[Path]) -> list[str]:
     done: list[str] = []
     seen: list[Path] = []
     try:
-        for folder in sorted({Path(p).resolve() for p in shared}, key=lambda p: (len(p.parts), str(p))):
+        folders = {Path(p).resolve() for p in shared}
+        for folder in sorted(folders, key=lambda p: (len(p.parts), str(p))):
             if folder == Path("/") or any(folder.is_relative_to(s) for s in seen):
                 continue
             if not folder.is_dir():

@@ -113,18 +113,23 @@ def test_rebalance_dry_run_then_apply(jobs: Jobs, slurm_env: dict[str, str], tes
                        script="sleep 300")
     for j in (*busy, idle):
         jobs.wait_state(j, {"RUNNING"})
-    # class=train (h100|a100) with --prefer=h100: 22.05 waits for an H100.
-    pref = sbatch_script(jobs, TRAIN, "--prefer=h100", "-J", "prefer-h100")
+    # class=train (h100|a100) with --prefer=h100: 22.05 waits for an H100. A short time
+    # limit: the energy=low job below waits for a whole A100 node, and backfill starts a
+    # relaxed job on that node only if it ends first (26.05 packs three on one node and
+    # keeps the fourth off the reserved one while it would run for the partition's day).
+    short = ("-t", "30")
+    pref = sbatch_script(jobs, TRAIN, *short, "--prefer=h100", "-J", "prefer-h100")
     hostile_name = f";$(touch {HOSTILE_X})"
-    hostile = sbatch_script(jobs, TRAIN, "--prefer=h100", "-J", hostile_name, "--comment",
+    hostile = sbatch_script(jobs, TRAIN, *short, "--prefer=h100", "-J", hostile_name, "--comment",
                             f"`touch {HOSTILE_X}` --help")
     # A newline and Key=value text in the comment: `scontrol show job -o` prints it
     # unescaped; what is relaxed must still be the job's real request.
-    cut = sbatch_script(jobs, TRAIN, "--prefer=h100", "-J", "--help", "--comment",
+    cut = sbatch_script(jobs, TRAIN, *short, "--prefer=h100", "-J", "--help", "--comment",
                         f"$(touch {HOSTILE_X})\nPrefer=a100 Features=h100")
     # A newline and a forged field in the name itself.
     nl_name = "x\nJobState=RUNNING Prefer=a100"
-    nl = sbatch_script(jobs, TRAIN, "--prefer=h100", "-J", nl_name, "--comment", "--help")
+    nl = sbatch_script(jobs, TRAIN, *short, "--prefer=h100", "-J", nl_name, "--comment",
+                       "--help")
     # energy=low narrowed to a typed gpu:a100:8: Slurm cannot widen it; left alone.
     low = sbatch_script(jobs, "#!/bin/bash\n#HET gpus=8 gpu-type=h100|a100 energy=low\n"
                         "sleep 60\n", "-J", "energy-low")
