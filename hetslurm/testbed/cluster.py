@@ -426,9 +426,6 @@ class Testbed:
         owner_file.write_text(f"{self.root}\n")
         if st is None:
             st = self._new_state(site, str(Path(site.path).absolute()))
-        if roots.add_libmariadb(root.path) is None:
-            self.log("no Debian 12 libmariadb3 on this host: slurmdbd of the root uses its own "
-                     "MariaDB client library (see docs/testbed.md)")
         roots.write_wrappers(root.path, self.bindir, self.slurm_release)
         st.mounts = [m for m in st.mounts if roots.is_mounted(m)]
         st.mounts += roots.mount_system(root.path)

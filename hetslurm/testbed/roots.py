@@ -186,31 +186,6 @@ def unmount(targets: Iterable[str]) -> list[str]:
 SLURM_DAEMONS = ("slurmctld", "slurmd", "slurmdbd", "slurmrestd")
 SLURM_CLIENTS = ("sbatch", "salloc", "srun", "squeue", "sinfo", "scontrol", "scancel", "sacct",
                  "sacctmgr", "sdiag", "sprio", "sshare", "sstat", "sreport", "strigger")
-#: Where a root keeps the MariaDB client library its slurmdbd loads (see :func:`add_libmariadb`).
-LIBMARIADB_DIR = "opt/hetslurm/libmariadb"
-
-
-def add_libmariadb(path: Path, host_lib: Path | None = None) -> Path | None:
-    """Copy the host's MariaDB client library (Debian 12's libmariadb3 10.11) into the root.
-
-    slurmdbd 24.11 and 26.05 die at start with the MariaDB Connector/C 3.4 of Debian 13 and
-    unstable ("5027 Number of columns in result (=1) set exceeds maximum allowed number of
-    columns (=0)", then ``fatal: _check_mysql_concat_is_sane``); the same slurmdbd runs with
-    the 10.11 client library on ``LD_LIBRARY_PATH`` (../shared/SLURM-VERSIONS.md). Returns
-    the folder, or None when the host has no such library (a Debian 13 host).
-    """
-    lib = host_lib or Path("/usr/lib/x86_64-linux-gnu/libmariadb.so.3")
-    if not lib.is_file():
-        return None
-    folder = path / LIBMARIADB_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / "libmariadb.so.3"
-    data = lib.read_bytes()
-    if not target.is_file() or target.read_bytes() != data:
-        target.write_bytes(data)
-    return folder
-
-
 def write_wrappers(path: Path, bindir: Path, release: str) -> list[str]:
     """Small scripts in ``bindir``, one per Slurm program of the root, that run that program
     inside the root in the caller's folder (``/`` when the root cannot see it), keeping the
@@ -219,21 +194,16 @@ def write_wrappers(path: Path, bindir: Path, release: str) -> list[str]:
     bindir.mkdir(parents=True, exist_ok=True)
     written = []
     q = shlex.quote(str(path))
-    libdir = path / LIBMARIADB_DIR
     for names, where in ((SLURM_DAEMONS, "usr/sbin"), (SLURM_CLIENTS, "usr/bin")):
         for name in names:
             if not (path / where / name).exists():
                 continue
-            env = ""
-            if name == "slurmdbd" and (libdir / "libmariadb.so.3").is_file():
-                env = f" LD_LIBRARY_PATH=/{LIBMARIADB_DIR}"
             text = (
                 "#!/bin/sh\n"
                 f"# hetslurm testbed: Slurm {release}'s {name}, run inside {path}\n"
                 'd=$PWD\n'
                 f'[ -d {q}"$d" ] || d=/\n'
-                f'exec /usr/sbin/chroot {q} /usr/bin/env -C "$d"{env} '
-                f'/{where}/{name} "$@"\n')
+                f'exec /usr/sbin/chroot {q} /usr/bin/env -C "$d" /{where}/{name} "$@"\n')
             w = bindir / name
             tmp = w.with_suffix(".tmp")
             tmp.write_text(text)
