@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: the same set-up as the demo, then ruff, mypy, and the unit,
 # slurmctld and cluster tests (the cluster tests boot the real local testbed themselves),
-# then the release tier of the cluster tests on Slurm 24.11 and 26.05 (each from its cached
-# Debian root, built when missing: docs/testbed.md).
+# then the release tier of the cluster tests on the other supported releases (on Debian 12:
+# Slurm 24.11 and 26.05, each from its cached Debian root, built when missing:
+# docs/testbed.md).
 # Run as root on Debian 12: bash scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,7 +37,14 @@ RELEASE_TIER=(
     tests/cluster/test_place_live.py
     tests/cluster/test_slurm_free_text_live.py
 )
-for release in 24.11 26.05; do
+# Every supported release but the host's own (the suite above ran on that one), each from its
+# cached Debian root; HETSLURM_RELEASE_TIERS="24.11 26.05" names them instead ("" for none).
+if [ -z "${HETSLURM_RELEASE_TIERS+set}" ]; then
+    HETSLURM_RELEASE_TIERS=$(python -c 'from hetslurm.testbed import roots
+from hetslurm.testbed.cluster import Testbed
+print(" ".join(r for r in roots.SUITES if r != Testbed().host_release))')
+fi
+for release in $HETSLURM_RELEASE_TIERS; do
     echo "== the release tier on Slurm $release" >&2
     start=$SECONDS
     HETSLURM_TEST_SLURM=$release HETSLURM_TEST_TESTBED_DIR="$PWD/.testbed-tests-$release" \
