@@ -582,6 +582,7 @@ def _out_of_range(table: Any) -> str | None:
     100, an interval outside ``[collector] interval_s``'s range), named with its column;
     None when every value read is in range. Nulls are allowed (NVML gave no value)."""
     import numpy as np
+    import numpy.typing as npt
 
     names = table.schema.names  # one list, not one per column looked up
     for name, (lo, hi) in _bounds().items():
@@ -593,7 +594,8 @@ def _out_of_range(table: Any) -> str | None:
             continue
         a = col.to_numpy()  # nulls read as NaN: told apart from real NaN by their count
         # fmin/fmax skip NaN; a NaN that is not a null is counted on its own.
-        if (np.fmin.reduce(a) >= lo and np.fmax.reduce(a) <= hi
+        f: npt.NDArray[np.float64] = np.asarray(a, dtype=np.float64)
+        if (float(np.fmin.reduce(f)) >= lo and float(np.fmax.reduce(f)) <= hi
                 and np.count_nonzero(np.isnan(a)) == nulls):
             continue
         valid = np.ones(len(a), dtype=bool)

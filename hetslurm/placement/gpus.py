@@ -106,7 +106,8 @@ def _ids(name: str, values: npt.ArrayLike, length: int) -> npt.NDArray[np.int32]
     if array.shape[0] != length:
         raise PlacementError(f"{name} has {array.shape[0]} entries, expected {length}")
     if array.size and array.dtype.kind != "b":
-        low, high = int(array.min()), int(array.max())
+        ids: npt.NDArray[Any] = array
+        low, high = int(np.min(ids)), int(np.max(ids))
         if low < 0 or high > _ID_MAX:
             raise PlacementError(f"{name} ids must be in [0, {_ID_MAX}], got {low}..{high}")
     return np.ascontiguousarray(array, dtype=np.int32)

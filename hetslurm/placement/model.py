@@ -430,7 +430,7 @@ class ClusterModel:
         big: tuple[int, int, int] | None = self._cache.get("largest")
         if big is None:
             def top(a: npt.NDArray[np.int32]) -> int:
-                return int(a.max()) if a.size else 0
+                return int(np.max(a)) if a.size else 0
 
             big = self._cache["largest"] = (
                 top(self.gpu_count), top(self.fpga_count), top(self.cores_total)

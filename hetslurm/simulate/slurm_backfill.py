@@ -253,7 +253,7 @@ class _NodeResv:
         reservations for ``limit`` seconds (one pass over its spans: they are sorted and
         disjoint, so a span before the moved start is already behind it)."""
         s = s.copy()
-        for j in range(int(self.cnt[nodes].max())):
+        for j in range(int(np.max(self.cnt[nodes]))):
             rs, re = self.rs[nodes, j], self.re[nodes, j]
             hit = (rs < s + limit) & (s < re)
             s[hit] = re[hit]
@@ -285,7 +285,7 @@ def _earliest_exact(t: float, cx: Replay, sh: Shape, raw: npt.NDArray[np.float64
         if len(maybe):
             pushed = resv.push(maybe, raw[maybe], limit)
             e[maybe] = pushed
-            when = min(when, float(pushed.min()))
+            when = min(when, float(np.min(pushed)))
         if when > horizon:
             return None
         feasible = e == when

@@ -199,7 +199,9 @@ def request_for(c: Classified, policy: PolicyParams, params: Params, site: Site,
         # A CPU job wider than a node (SWF's 128-processor jobs) spans the fewest nodes of
         # the largest core count it may use (CPU-only nodes under hetslurm's CPU class).
         kinds = model.gpu_count == 0 if cpu_only and policy.use_classes else model.gpu_count >= 0
-        widest = int(model.cores_total[kinds].max()) if kinds.any() else 1
+        import numpy as np
+
+        widest = int(np.max(model.cores_total[kinds])) if kinds.any() else 1
         nodes = max(1, math.ceil(cores / widest))
     per_node = math.ceil(gpus / nodes) if gpus else 0
     req = Request(

@@ -58,6 +58,15 @@ RELEASES: dict[str, Release] = {
                      node_listing=("scontrol", "show", "node"), lua_error_rejects=True,
                      prefer_falls_back_at_once=True),
 }
+#: Slurm's programs a testbed run from another release's Debian root wraps, and where the
+#: root holds each: the daemons it starts, and the clients the access layer, the tests and a
+#: user's shell call by name (docs/testbed.md).
+PROGRAMS: dict[str, str] = {
+    **dict.fromkeys(("slurmctld", "slurmd", "slurmdbd", "slurmrestd"), "usr/sbin"),
+    **dict.fromkeys(("sbatch", "salloc", "srun", "squeue", "sinfo", "scontrol", "scancel",
+                     "sacct", "sacctmgr", "sdiag", "sprio", "sshare", "sstat", "sreport",
+                     "strigger"), "usr/bin"),
+}
 #: The release the hook is rendered for when nothing says otherwise (Debian 12's Slurm).
 DEFAULT = "22.05"
 

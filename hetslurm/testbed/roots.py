@@ -181,11 +181,6 @@ def unmount(targets: Iterable[str]) -> list[str]:
     return failed
 
 
-#: Slurm's programs a testbed on a root runs through wrappers: daemons in usr/sbin, the
-#: clients in usr/bin (what the access layer, the tests and a user's shell call by name).
-SLURM_DAEMONS = ("slurmctld", "slurmd", "slurmdbd", "slurmrestd")
-SLURM_CLIENTS = ("sbatch", "salloc", "srun", "squeue", "sinfo", "scontrol", "scancel", "sacct",
-                 "sacctmgr", "sdiag", "sprio", "sshare", "sstat", "sreport", "strigger")
 def write_wrappers(path: Path, bindir: Path, release: str) -> list[str]:
     """Small scripts in ``bindir``, one per Slurm program of the root, that run that program
     inside the root in the caller's folder (``/`` when the root cannot see it), keeping the
@@ -194,22 +189,21 @@ def write_wrappers(path: Path, bindir: Path, release: str) -> list[str]:
     bindir.mkdir(parents=True, exist_ok=True)
     written = []
     q = shlex.quote(str(path))
-    for names, where in ((SLURM_DAEMONS, "usr/sbin"), (SLURM_CLIENTS, "usr/bin")):
-        for name in names:
-            if not (path / where / name).exists():
-                continue
-            text = (
-                "#!/bin/sh\n"
-                f"# hetslurm testbed: Slurm {release}'s {name}, run inside {path}\n"
-                'd=$PWD\n'
-                f'[ -d {q}"$d" ] || d=/\n'
-                f'exec /usr/sbin/chroot {q} /usr/bin/env -C "$d" /{where}/{name} "$@"\n')
-            w = bindir / name
-            tmp = w.with_suffix(".tmp")
-            tmp.write_text(text)
-            tmp.chmod(0o755)
-            tmp.replace(w)
-            written.append(name)
+    for name, where in versions.PROGRAMS.items():
+        if not (path / where / name).exists():
+            continue
+        text = (
+            "#!/bin/sh\n"
+            f"# hetslurm testbed: Slurm {release}'s {name}, run inside {path}\n"
+            'd=$PWD\n'
+            f'[ -d {q}"$d" ] || d=/\n'
+            f'exec /usr/sbin/chroot {q} /usr/bin/env -C "$d" /{where}/{name} "$@"\n')
+        w = bindir / name
+        tmp = w.with_suffix(".tmp")
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        tmp.replace(w)
+        written.append(name)
     return written
 
 

@@ -52,7 +52,7 @@ case "$(basename "$0") $*" in
   "scontrol write batch_script 999 -"|"scontrol show job -o 999")
     echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1 ;;
   "scontrol show job -o 7") cat "$HB_DATA/scontrol_show_job_7_d_o.txt" ;;
-  "sacct --json --allusers --duplicates -S "*) cat "$HB_DATA/sacct.json" ;;
+  "sacct --allusers --duplicates -S "*" --json") cat "$HB_DATA/sacct.json" ;;
   "sacctmgr -n -P show cluster format=cluster") echo hetdemo ;;
   "sacctmgr -n -P show account format=account") printf 'hetslurm\\nroot\\n' ;;
   "sacctmgr -n -P show assoc cluster=hetdemo format=account,user,qos") printf '%s' "$HB_ASSOC" ;;
@@ -60,6 +60,7 @@ case "$(basename "$0") $*" in
     echo " This cluster hetdemo already exists.  Not adding."; exit 1 ;;
   "sacctmgr -i -n -P add qos broken"*) echo " Unknown option: Bogus=1" >&2; exit 1 ;;
   "sacctmgr -i "*) echo " Done" ;;
+  "scontrol --version") echo "slurm 22.05.8" ;;
   *) echo "unexpected: $*" >&2; exit 9 ;;
 esac
 """
@@ -144,8 +145,9 @@ def test_accounting_jobs_run_sacct_and_decode_the_recording(cli: CliBackend) -> 
     jobs = [records.decode(r) for r in records.raws]
     assert len(records) == 12 and [j.job_id for j in jobs][:3] == [1, 2, 3]
     assert all(j.time.submission for j in jobs)
-    assert ran(cli) == ["sacct --json --allusers --duplicates -S 2026-11-30T01:00:00 "
-                        "-E 2026-11-30T02:00:00"]
+    assert ran(cli) == ["scontrol --version",
+                        "sacct --allusers --duplicates -S 2026-11-30T01:00:00 "
+                        "-E 2026-11-30T02:00:00 --json"]
     assert [r["job_id"] for r in records.plain()][:3] == [1, 2, 3]
 
 

@@ -108,7 +108,8 @@ case "$(basename "$0") $*" in
     echo "slurm_load_jobs error: Invalid job id specified" >&2; exit 1 ;;
   "squeue -h -t bogus -o %i")
     echo "squeue: error: Invalid job state specified: bogus" >&2; exit 1 ;;
-  "sacct --json --allusers -X -j 5"|"sacct --json -j 8,9") cat "$HB_DATA/sacct.json" ;;
+  "sacct --allusers -X -j 5 --json"|"sacct -j 8,9 --json") cat "$HB_DATA/sacct.json" ;;
+  "scontrol --version") echo "slurm 22.05.8" ;;
   *) echo "unexpected: $*" >&2; exit 9 ;;
 esac
 """
@@ -202,7 +203,9 @@ def test_accounting_of_given_jobs(cli: CliBackend) -> None:
     assert len(records) == 12  # the stand-in prints the whole recording
     assert len(cli.accounting_jobs_by_id([8, 9])) == 12
     assert cli.accounting_jobs_by_id([]).raws == []  # nothing asked, nothing run
-    assert ran(cli) == ["sacct --json --allusers -X -j 5", "sacct --json -j 8,9"]
+    # The release is asked once (it picks the --json option), then sacct twice.
+    assert ran(cli) == ["scontrol --version", "sacct --allusers -X -j 5 --json",
+                        "sacct -j 8,9 --json"]
 
 
 # ---------------------------------------------------------------- the fake
