@@ -108,7 +108,9 @@ def install_cmd(site_file: str | None, conf_dir: str | None, mode: str | None,
 @click.option("--log", "log_file", type=click.Path(dir_okay=False), default=None,
               help="slurmctld.log [default: SlurmctldLogFile from slurm.conf in --conf-dir].")
 @format_option
-def check_cmd(conf_dir: str | None, log_file: str | None, output_format: str) -> None:
+@slurm_version_option
+def check_cmd(conf_dir: str | None, log_file: str | None, output_format: str,
+              slurm_version: str | None) -> None:
     """Report the installed hook (build, rules, mode, whether it loads, the Slurm release it
     was rendered for) and the one the controller last loaded, from slurmctld.log.
 
@@ -123,7 +125,7 @@ def check_cmd(conf_dir: str | None, log_file: str | None, output_format: str) ->
     folder = slurm_conf_dir(conf_dir)
     log = log_file or _ctld_log(folder)
     try:
-        slurm: str | None = slurm_release(None, conf_dir=folder)
+        slurm: str | None = slurm_release(slurm_version, conf_dir=folder)
     except BackendError:
         slurm = None  # no Slurm answers here: the report says slurm_running null
     res = check_hook(folder, log, slurm)

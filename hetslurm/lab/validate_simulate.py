@@ -361,7 +361,7 @@ def _policy_testbed(root: Path, policy: str, scheduler_parameters: str,
                 from hetslurm.hook.install import install_hook
 
                 # No fallback: the hetslurm replay without its hook would be meaningless.
-                install_hook(site, self.etc)
+                install_hook(site, self.etc, slurm=self.slurm_release)
             else:
                 (self.etc / "job_submit.lua").unlink(missing_ok=True)
 

@@ -90,7 +90,10 @@ class Target:
 
     def managed(self) -> tuple[str, ...]:
         main = ("slurm.conf",) if self.whole else FRAGMENT_FILES
-        return (*main, "gres.conf", "topology.conf")
+        # cgroup.conf only where hetslurm renders it (an emulated node on 24.11 and later).
+        cgroup = ("cgroup.conf",) if self.runtime is not None and self.runtime.cgroup_disabled \
+            else ()
+        return (*main, "gres.conf", "topology.conf", *cgroup)
 
     def render(self, site: Site) -> dict[str, str]:
         return render(site, whole=self.whole, runtime=self.runtime)

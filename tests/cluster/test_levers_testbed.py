@@ -114,7 +114,15 @@ def test_fair_share_charges_the_faster_model_by_its_speed(tb: Testbed, jobs: Job
     slow = jobs.sbatch("-A", "lvslow", "-p", "gpu", "--gres=gpu:a100:1", script="sleep 4")
     for j in (fast, slow):
         jobs.wait_state(j, {"COMPLETED"}, timeout=30)
-    assert "billing=30" in jobs.field(fast, "TRES") and "billing=10" in jobs.field(slow, "TRES")
+    # scontrol prints TRES= on 22.05, AllocTRES= from 24.11.
+    def alloc_tres(j: str) -> str:
+        try:
+            return jobs.field(j, "TRES")
+        except KeyError:
+            return jobs.field(j, "AllocTRES")
+
+    tres = {j: alloc_tres(j) for j in (fast, slow)}
+    assert "billing=30" in tres[fast] and "billing=10" in tres[slow], tres
     elapsed = {j: int(jobs.sacct(j, "ElapsedRaw,State", timeout=60)["ElapsedRaw"])
                for j in (fast, slow)}
     # 22.05.8 charged finished jobs at once here; PriorityCalcPeriod (1 minute, Slurm's

@@ -35,6 +35,7 @@ from test_rendered_conf_accepted import (
 from hetslurm.process import run_command
 from hetslurm.site import levers, load_site
 from hetslurm.site.render import Runtime, render, write_rendered
+from hetslurm.slurm import versions
 
 pytestmark = pytest.mark.slurmctld
 
@@ -66,6 +67,8 @@ def _mig_cluster(remove: str | None = None) -> Iterator[tuple[Controller, int]]:
             node_ports={n.name: p for n, p in zip(site.nodes, node_ports, strict=True)},
             node_addr="127.0.0.1", device_dir=str(folder / "dev"), munge_socket=str(sock),
             emulate=True, slurm_user=pwd.getpwuid(os.geteuid()).pw_name,
+            # 24.11+ slurmd exits without cgroup.conf saying CgroupPlugin=disabled here.
+            cgroup_disabled=versions.installed()[0].needs_cgroup_disabled,
         )
         write_rendered(render(site, whole=True, runtime=rt), folder)
         for sub in ("ctld", "run", "log", "spool", f"spool/{MIG_NODE}"):

@@ -31,6 +31,7 @@ import pytest
 from hetslurm.process import run_command
 from hetslurm.site import NodeSpec, Site, load_site
 from hetslurm.site.render import Runtime, device_files, render, write_rendered
+from hetslurm.slurm import versions
 
 pytestmark = pytest.mark.slurmctld
 
@@ -181,6 +182,7 @@ def controller(request: pytest.FixtureRequest) -> Iterator[Controller]:
             emulate=True,
             # root in CI; whoever runs the test otherwise, so slurmctld need not setuid.
             slurm_user=pwd.getpwuid(os.geteuid()).pw_name,
+            cgroup_disabled=versions.installed()[0].needs_cgroup_disabled,
         )
         write_rendered(render(site, whole=True, runtime=rt), folder)
         for sub in ("ctld", "run", "log", "spool"):

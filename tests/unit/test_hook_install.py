@@ -212,12 +212,14 @@ def test_cli_render_install_check_disable(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["changed"] is True
     (tmp_path / "slurm.conf").write_text(f"SlurmctldLogFile={tmp_path}/ctld.log\n")
-    res = runner.invoke(cli, ["hook", "check", "--dir", str(tmp_path), "--format", "json"])
+    res = runner.invoke(cli, ["hook", "check", "--dir", str(tmp_path), "--format", "json",
+                              "--slurm-version", "22.05"])
     assert res.exit_code == 0 and json.loads(res.output)["loads"] is True
     res = runner.invoke(cli, ["hook", "disable", "--dir", str(tmp_path), "--format", "json"])
     assert res.exit_code == 0 and json.loads(res.output)["mode"] == "off"
     (tmp_path / "job_submit.lua").write_text("nope (")
-    res = runner.invoke(cli, ["hook", "check", "--dir", str(tmp_path), "--format", "json"])
+    res = runner.invoke(cli, ["hook", "check", "--dir", str(tmp_path), "--format", "json",
+                              "--slurm-version", "22.05"])
     assert res.exit_code == 1
 
 

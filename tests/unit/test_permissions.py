@@ -98,12 +98,14 @@ def test_identical_world_writable_hook_is_replaced_not_unchanged(installed: Path
 
 def test_check_reports_mode_and_owner_and_refuses_an_unsafe_hook(installed: Path) -> None:
     hook = installed / "job_submit.lua"
-    ok = CliRunner().invoke(cli, ["hook", "check", "--dir", str(installed), "--format", "json"])
+    ok = CliRunner().invoke(cli, ["hook", "check", "--dir", str(installed), "--format", "json",
+                                   "--slurm-version", "22.05"])
     assert ok.exit_code == 0, ok.output
     assert '"file_mode": "0644"' in ok.stdout and '"permissions": "ok"' in ok.stdout
     assert f'"owner_uid": {os.geteuid()}' in ok.stdout
     hook.chmod(0o666)
-    bad = CliRunner().invoke(cli, ["hook", "check", "--dir", str(installed), "--format", "json"])
+    bad = CliRunner().invoke(cli, ["hook", "check", "--dir", str(installed), "--format", "json",
+                                   "--slurm-version", "22.05"])
     assert bad.exit_code == 8
     assert '"file_mode": "0666"' in bad.stdout
     line = one_line(bad.stderr)
