@@ -90,8 +90,10 @@ def _mig_cluster(remove: str | None = None) -> Iterator[tuple[Controller, int]]:
         if not _wait(answers, 30, step=0.5):
             pytest.fail(f"slurmctld did not answer on port {ctld_port}; log:\n{_tail(log)}")
         dlog = folder / "log" / f"slurmd-{MIG_NODE}.log"
-        # slurmd waits ~20 s for a missing gres.conf file before it gives up.
-        res = run_command([slurmd, "-f", str(conf), "-N", MIG_NODE], timeout=90, env=env,
+        # slurmd waits ~20 s for a missing gres.conf file before it gives up: 22.05 before it
+        # daemonizes, 24.11 after, so a slurmd expected to fail runs in the foreground (-D).
+        fg = ["-D"] if remove else []
+        res = run_command([slurmd, *fg, "-f", str(conf), "-N", MIG_NODE], timeout=90, env=env,
                           check=False)
         if res.returncode == 0:
             daemons.record("slurmd", folder / "run" / f"slurmd-{MIG_NODE}.pid", MIG_NODE, dlog)
