@@ -116,8 +116,9 @@ def check_cmd(conf_dir: str | None, log_file: str | None, output_format: str,
 
     Exits 1 when the installed file does not load in Lua 5.1, 8 (after the report) when its
     permissions are unsafe: a symlink, writable by group or others, or owned by another
-    user, and 9 when it was rendered for another Slurm release than the one installed here
-    (run hetslurm hook install again after a Slurm upgrade).
+    user, 10 when slurm.conf's JobSubmitPlugins does not name lua (slurmctld would never run
+    the hook), and 9 when it was rendered for another Slurm release than the one installed
+    here (run hetslurm hook install again after a Slurm upgrade).
     """
     from hetslurm.errors import BackendError, PermissionsError
     from hetslurm.hook.install import check_hook
@@ -136,6 +137,11 @@ def check_cmd(conf_dir: str | None, log_file: str | None, output_format: str,
                                "(run hetslurm hook install to replace it)")
     if res.get("installed") and not res.get("loads"):
         sys.exit(1)
+    if res.get("installed") and res.get("lua_plugin") is False:
+        plugins = ",".join(res["job_submit_plugins"]) or "none"
+        click.echo(f"hetslurm hook check: slurm.conf's JobSubmitPlugins is {plugins}, not lua: "
+                   "slurmctld never runs job_submit.lua (add JobSubmitPlugins=lua)", err=True)
+        sys.exit(10)
     if res.get("installed") and res.get("slurm_matches") is False:
         click.echo(f"hetslurm hook check: the installed hook was rendered for Slurm "
                    f"{res['slurm_rendered_for']}, this controller runs {res['slurm_running']}; "

@@ -322,6 +322,21 @@ _LOAD_FAILED = re.compile(r"job_submit/lua.*(error|using previous script)|"
                           r"job_submit\.lua.*(error|failed)", re.I)
 
 
+def job_submit_plugins(slurm_conf: Path) -> list[str] | None:
+    """The ``JobSubmitPlugins`` of ``slurm_conf`` (``[]`` when the line is absent), None when
+    the file cannot be read. Slurm runs ``job_submit.lua`` only when the list holds ``lua``."""
+    try:
+        text = slurm_conf.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    found: list[str] = []
+    for line in text.splitlines():
+        m = re.match(r"\s*JobSubmitPlugins\s*=\s*(\S*)", line, re.IGNORECASE)
+        if m:
+            found = [p.strip().lower() for p in m.group(1).split(",") if p.strip()]
+    return found
+
+
 def check_hook(conf_dir: str | Path, log_file: str | Path | None = None,
                slurm: str | None = None) -> dict[str, Any]:
     """Which hook is installed, whether it loads, and which one the controller last loaded.
@@ -334,7 +349,11 @@ def check_hook(conf_dir: str | Path, log_file: str | Path | None = None,
     """
     target = Path(conf_dir) / HOOK_FILE
     installed = _installed(target)
-    out: dict[str, Any] = {"path": str(target), "installed": installed is not None}
+    plugins = job_submit_plugins(Path(conf_dir) / "slurm.conf")
+    out: dict[str, Any] = {"path": str(target), "installed": installed is not None,
+                           "job_submit_plugins": plugins,
+                           "lua_plugin": None if plugins is None else
+                           any(p in ("lua", "job_submit/lua") for p in plugins)}
     if installed is None:
         out.update(installed_build=None, loads=None, running_build=None, in_sync=False,
                    file_mode=None, owner_uid=None, permissions=None)

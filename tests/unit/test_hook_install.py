@@ -211,7 +211,8 @@ def test_cli_render_install_check_disable(tmp_path: Path) -> None:
                               "--format", "json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["changed"] is True
-    (tmp_path / "slurm.conf").write_text(f"SlurmctldLogFile={tmp_path}/ctld.log\n")
+    (tmp_path / "slurm.conf").write_text(f"SlurmctldLogFile={tmp_path}/ctld.log\n"
+                                         "JobSubmitPlugins=lua\n")
     res = runner.invoke(cli, ["hook", "check", "--dir", str(tmp_path), "--format", "json",
                               "--slurm-version", "22.05"])
     assert res.exit_code == 0 and json.loads(res.output)["loads"] is True
@@ -263,3 +264,21 @@ def test_no_temporary_files_on_failure(demo: Site, tmp_path: Path,
     with pytest.raises(OSError, match=r"disk full"):
         install_mod.install_hook(demo, tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_check_names_a_job_submit_plugin_that_is_not_lua(tmp_path: Path) -> None:
+    runner = CliRunner()
+    res = runner.invoke(cli, ["hook", "install", "--slurm-version", "22.05", "--site", str(DEMO),
+                              "--dir", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    (tmp_path / "slurm.conf").write_text("ClusterName=x\nJobSubmitPlugins=pbs\n")
+    res = runner.invoke(cli, ["hook", "check", "--dir", str(tmp_path), "--format", "json",
+                              "--slurm-version", "22.05"])
+    assert res.exit_code == 10, res.output
+    assert "JobSubmitPlugins is pbs, not lua" in res.stderr
+    assert json.loads(res.stdout)["lua_plugin"] is False
+    (tmp_path / "slurm.conf").write_text("ClusterName=x\njobsubmitplugins=job_submit/lua\n")
+    res = runner.invoke(cli, ["hook", "check", "--dir", str(tmp_path), "--format", "json",
+                              "--slurm-version", "22.05"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["job_submit_plugins"] == ["job_submit/lua"]
