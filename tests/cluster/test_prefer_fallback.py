@@ -10,6 +10,7 @@ import time
 from _cluster_helpers import Jobs
 from test_hook_cluster import A100, H100
 
+from hetslurm.process import run_command
 from hetslurm.slurm import versions
 from hetslurm.testbed import Testbed
 
@@ -41,3 +42,39 @@ def test_prefer_ranks_then_falls_back_as_the_release_does(jobs: Jobs, testbed: T
     assert jobs.field(job, "NodeList") in H100
     if release.prefer_falls_back_at_once:
         assert waited < AT_ONCE_S, f"Slurm {release.name}: fell back after {waited:.1f}s"
+
+
+def test_overlapping_model_partitions_follow_the_order_and_fall_back_at_once(
+        jobs: Jobs, testbed: Testbed) -> None:
+    """One submission to two partitions, one per GPU model on the same nodes as `gpu`, equal
+    PriorityTier: the order in -p decides while both are free, and with the first one's
+    nodes full the job starts in the second at once (no backfill wait) — on every release
+    measured (22.05, 24.11, 26.05; docs/versions.md)."""
+    env = jobs.env
+
+    def scontrol(*args: str) -> None:
+        run_command(["scontrol", *args], timeout=30, env=env, check=False)
+
+    parts = {"inf_a100": "gpu[3-4]", "inf_h100": "gpu[1-2]"}
+    try:
+        for name, nodes in parts.items():
+            scontrol("create", f"PartitionName={name}", f"Nodes={nodes}", "PriorityTier=1",
+                     "State=UP")
+        first = jobs.sbatch("-p", "inf_a100,inf_h100", "--gres=gpu:1", script="sleep 120")
+        jobs.wait_state(first, {"RUNNING"}, timeout=30)
+        assert jobs.field(first, "NodeList") in A100
+        jobs.cancel_all()
+        jobs.ids.clear()
+        for node in sorted(A100):
+            jobs.wait_state(jobs.sbatch("-w", node, "-p", "gpu", "--gres=gpu:a100:8",
+                                        script="sleep 300"), {"RUNNING"}, timeout=60)
+        t0 = time.monotonic()
+        job = jobs.sbatch("-p", "inf_a100,inf_h100", "--gres=gpu:1", script="sleep 120")
+        jobs.wait_state(job, {"RUNNING"}, timeout=AT_ONCE_S)
+        assert time.monotonic() - t0 < AT_ONCE_S
+        assert jobs.field(job, "NodeList") in H100
+    finally:
+        jobs.cancel_all()
+        jobs.ids.clear()
+        for name in parts:
+            scontrol("delete", f"PartitionName={name}")
