@@ -17,7 +17,7 @@ from hetslurm.cli.options import (
     slurm_version_option,
 )
 from hetslurm.cli.output import emit
-from hetslurm.slurm.conf import slurm_conf_dir
+from hetslurm.slurm.conf import slurm_conf_dir, slurm_conf_value
 
 SITE_OPT = site_option()
 # `--dir` is the spelling docs/cli.md and docs/hook.md use; `--conf-dir` that of the others.
@@ -150,13 +150,7 @@ def check_cmd(conf_dir: str | None, log_file: str | None, output_format: str,
 
 
 def _ctld_log(folder: Path) -> str | None:
-    conf = folder / "slurm.conf"
-    if not conf.exists():
-        return None
-    for line in conf.read_text(errors="replace").splitlines():
-        if line.strip().lower().startswith("slurmctldlogfile="):
-            return line.split("=", 1)[1].strip()
-    return None
+    return slurm_conf_value(folder / "slurm.conf", "SlurmctldLogFile")
 
 
 @hook.command("disable")

@@ -46,6 +46,7 @@ from hetslurm.hook.standin import CallResult, HookLoadError, HookRuntime
 from hetslurm.site.hook_rules import CPU_FEATURE, FPGA_GRES, GPU_GRES
 from hetslurm.site.model import Site
 from hetslurm.slurm import versions
+from hetslurm.slurm.conf import slurm_conf_value
 
 HOOK_FILE = "job_submit.lua"
 
@@ -325,16 +326,10 @@ _LOAD_FAILED = re.compile(r"job_submit/lua.*(error|using previous script)|"
 def job_submit_plugins(slurm_conf: Path) -> list[str] | None:
     """The ``JobSubmitPlugins`` of ``slurm_conf`` (``[]`` when the line is absent), None when
     the file cannot be read. Slurm runs ``job_submit.lua`` only when the list holds ``lua``."""
-    try:
-        text = slurm_conf.read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    if not slurm_conf.is_file():
         return None
-    found: list[str] = []
-    for line in text.splitlines():
-        m = re.match(r"\s*JobSubmitPlugins\s*=\s*(\S*)", line, re.IGNORECASE)
-        if m:
-            found = [p.strip().lower() for p in m.group(1).split(",") if p.strip()]
-    return found
+    value = slurm_conf_value(slurm_conf, "JobSubmitPlugins") or ""
+    return [p.strip().lower() for p in value.split(",") if p.strip()]
 
 
 def check_hook(conf_dir: str | Path, log_file: str | Path | None = None,

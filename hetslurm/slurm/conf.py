@@ -27,3 +27,20 @@ def slurm_conf_dir(given: str | Path | None = None,
     env = os.environ if env is None else env
     conf = env.get(CONF_ENV)
     return Path(conf).parent if conf else DEFAULT_CONF_DIR
+
+
+def slurm_conf_value(conf: Path, key: str) -> str | None:
+    """The value of a global ``Key=value`` line of the slurm.conf ``conf`` (keys match
+    regardless of case, as Slurm reads them; the last line wins), None when the key is absent
+    or the file cannot be read."""
+    try:
+        text = conf.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    found = None
+    want = key.lower()
+    for line in text.splitlines():
+        name, eq, value = line.strip().partition("=")
+        if eq and name.strip().lower() == want:
+            found = value.split("#", 1)[0].strip()
+    return found
