@@ -17,7 +17,7 @@ import functools
 import operator
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import hostlist
@@ -47,6 +47,7 @@ from hetslurm.placement.model import (
     ClusterModel,
     KernelRequest,
 )
+from hetslurm.placement.slurm_pick import slurm_gpu_pick, spans_sockets
 from hetslurm.request.language import Request
 
 if TYPE_CHECKING:
@@ -699,8 +700,27 @@ def place(
         return _unplaced(model, kr, None, live)
     raw = _run(model.core(), kr)
     if raw.status == PL_PLACED:
-        return _placed(model, kr, raw)
+        return _as_slurm_picks(model, _placed(model, kr, raw))
     return _unplaced(model, kr, raw, live)
+
+
+def _as_slurm_picks(model: ClusterModel, placed: Placement) -> Placement:
+    """A one-node GPU placement whose cores span sockets, with the GPUs Slurm will take
+    there instead of the kernel's (:mod:`hetslurm.placement.slurm_pick`)."""
+    if len(placed.nodes) != 1 or not placed.nodes[0].gpus:
+        return placed
+    node = placed.nodes[0]
+    i = model.node_index(node.name)
+    if not spans_sockets(model, i, node.cores):
+        return placed
+    gpus = slurm_gpu_pick(model, i, node.cores, len(node.gpus))
+    if len(gpus) != len(node.gpus) or gpus == node.gpus:
+        return placed
+    ga = int(model.gpu_offsets[i])
+    isl = len({int(model.gpu_island[ga + g]) for g in gpus})
+    why = (f"; Slurm will take GPU(s) {list(gpus)} ({isl} NVLink island"
+           f"{'s' if isl > 1 else ''}) instead of {list(node.gpus)}: the cores span sockets")
+    return replace(placed, nodes=(replace(node, gpus=gpus),), reason=placed.reason + why)
 
 
 def place_batch(
