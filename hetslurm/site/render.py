@@ -64,6 +64,8 @@ class Runtime:
     #: Write a cgroup.conf with ``CgroupPlugin=disabled``: slurmd 24.11 and later exits at
     #: start where no cgroup filesystem is set up for it, even with the plugins above.
     cgroup_disabled: bool = False
+    #: JWT key file for ``AuthAltTypes=auth/jwt`` (slurmrestd's tokens); None: munge only.
+    jwt_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -362,6 +364,8 @@ def _whole_slurm_conf(site: Site, rt: Runtime) -> str:
     ]
     if rt.munge_socket:
         lines.append(f"AuthInfo=socket={rt.munge_socket}")
+    if rt.jwt_key:
+        lines += ["AuthAltTypes=auth/jwt", f"AuthAltParameters=jwt_key={rt.jwt_key}"]
     if state:
         lines += [
             f"StateSaveLocation={state}/ctld",

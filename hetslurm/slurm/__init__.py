@@ -34,7 +34,7 @@ from hetslurm.slurm.backend import (
 )
 from hetslurm.slurm.units import UNLIMITED, GresItem, Unlimited
 
-BACKENDS = ("auto", "cli", "pyslurm")
+BACKENDS = ("auto", "cli", "rest", "pyslurm")
 
 __all__ = [
     "BACKENDS",
@@ -65,7 +65,8 @@ def get_backend(name: str = "auto", env: Mapping[str, str] | None = None) -> Slu
     """Return a Slurm backend.
 
     Args:
-        name: ``auto``, ``cli`` or ``pyslurm``.
+        name: ``auto``, ``cli``, ``rest`` (slurmrestd: ``HETSLURM_REST_URL`` and
+            ``SLURM_JWT``) or ``pyslurm``.
         env: extra environment for Slurm's commands (e.g. ``SLURM_CONF``).
 
     Raises:
@@ -75,6 +76,9 @@ def get_backend(name: str = "auto", env: Mapping[str, str] | None = None) -> Slu
         from hetslurm.slurm.cli_backend import CliBackend
 
         return CliBackend(env)
+    if name == "rest":
+        from hetslurm.slurm.rest_backend import RestBackend
+        return RestBackend(env)
     if name == "pyslurm":
         from hetslurm.slurm.pyslurm_backend import PyslurmBackend
 

@@ -299,6 +299,22 @@ class CliBackend(SlurmBackend):
     def reconfigure(self) -> None:
         self._run("scontrol", "reconfigure", timeout=RECONFIGURE_TIMEOUT_S)
 
+    def token(self, *, lifespan_s: int = 1800, username: str | None = None) -> str:
+        """A JWT for slurmrestd (``scontrol token``; the controller needs auth/jwt).
+
+        Raises:
+            CommandError: scontrol failed (no ``AuthAltTypes=auth/jwt``, not allowed).
+            BackendError: scontrol printed no ``SLURM_JWT=`` line.
+        """
+        argv = ["scontrol", "token", f"lifespan={int(lifespan_s)}"]
+        if username:
+            argv.append(f"username={username}")
+        out = self._run(*argv).stdout
+        for line in out.splitlines():
+            if line.startswith("SLURM_JWT="):
+                return line.split("=", 1)[1].strip()
+        raise BackendError(f"scontrol token printed no SLURM_JWT= line: {out.strip()[:200]!r}")
+
     def controller_stats(self) -> ControllerStats:
         return parse.parse_sdiag(self._run("sdiag").stdout)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, NoReturn, TypeVar
 
@@ -70,7 +71,10 @@ def load_json_document(text: str | bytes, *, what: str) -> dict[str, Any]:
     errors = doc.get("errors") or []
     if errors:
         raise BackendError(f"{what} reported errors: {str(errors)[:500]}")
-    for name in (json_plugin(doc), json_data_parser(doc)):
+    # With a data_parser named, it alone decides the schema: the plugin type is then the
+    # server's ("" from the CLIs, "openapi/slurmctld" from slurmrestd).
+    parser = json_data_parser(doc)
+    for name in (parser,) if parser is not None else (json_plugin(doc),):
         if name is not None and name not in TESTED_JSON_PLUGINS:
             raise BackendError(
                 f"{what} printed schema {name[:80]!r}, which hetslurm does not read (it "
@@ -688,6 +692,83 @@ def parse_scontrol_partitions(text: str) -> list[PartitionInfo]:
             )
         )
     return out
+
+
+def parse_partitions_json(text: str | bytes, what: str = "slurmrestd partitions"
+                          ) -> list[PartitionInfo]:
+    """Partitions from data_parser v0.0.42 (slurmrestd's ``/partitions/``, ``scontrol show
+    partition --json``). That schema carries no Default flag (24.11, 26.05): ``default`` is
+    False here, and the REST backend fills it in (``RestBackend.partitions``)."""
+    doc = load_json_document(text, what=what)
+    out = []
+    for i, raw in enumerate(_document_list(doc, "partitions", what)):
+        p = _Record(raw, f"{what} partition {i}", True)
+        name = p.text("name")
+        if name is None:
+            p.fail("name", "is missing")
+        p.what = f"{what} partition {name[:60]!r}"
+
+        nodes, part, qos, limits, defaults, tres = (
+            _sub_record(p, k) for k in ("nodes", "partition", "qos", "maximums", "defaults",
+                                        "tres"))
+        max_min = limits._number("time")
+        default_min = defaults._number("time")
+        out.append(PartitionInfo(
+            name=name,
+            nodes=nodes.parsed("configured", units.expand_hostlist),
+            default=False,
+            state=(next(iter(part.words("state")), None) or "UP").upper(),
+            max_time=(units.UNLIMITED if max_min is None or max_min == units.INFINITE
+                      else int(max_min) * 60),
+            default_time=(None if default_min is None else
+                          units.UNLIMITED if default_min == units.INFINITE
+                          else int(default_min) * 60),
+            qos=qos.text("assigned") or None,
+            tres=units.parse_tres(tres.string("configured")),
+        ))
+    return out
+
+
+def _sub_record(rec: _Record, key: str) -> _Record:
+    v = rec.rec.get(key) or {}
+    if not isinstance(v, Mapping):
+        rec.fail(key, f"is {rec._shown(key)}, not an object")
+    return _Record(v, f"{rec.what} {key}", True)
+
+
+def with_core_cpu_ids(job: JobInfo, raw: Any, threads: Mapping[str, int]) -> JobInfo:
+    """``job`` with its CPU ids per node from data_parser v0.0.42's ``job_resources``
+    (``nodes.allocation[*].sockets[*].cores[*].status``), the numbering of ``scontrol -d``'s
+    ``CPU_IDs=`` (core-major: CPU = core x threads + thread; every thread of an allocated
+    core). Unchanged when the job already has CPU ids or the record has no allocation."""
+    if job.cpu_ids or not isinstance(raw, Mapping):
+        return job
+    res = raw.get("job_resources")
+    alloc = (res.get("nodes") or {}).get("allocation") if isinstance(res, Mapping) else None
+    if not isinstance(alloc, list):
+        return job
+    out: dict[str, tuple[int, ...]] = {}
+    for a in alloc:
+        if not isinstance(a, Mapping) or not isinstance(a.get("name"), str):
+            continue
+        t = threads.get(a["name"], 1)
+        ids: list[int] = []
+        base = 0
+        for sock in a.get("sockets") or []:
+            cores = sock.get("cores") if isinstance(sock, Mapping) else None
+            if not isinstance(cores, list):
+                continue
+            for c in cores:
+                if not isinstance(c, Mapping) or not isinstance(c.get("index"), int):
+                    continue
+                status = c.get("status") or []
+                if isinstance(status, list) and "ALLOCATED" in status:
+                    core = base + c["index"]
+                    ids += range(core * t, core * t + t)
+            base += len(cores)
+        if ids:
+            out[a["name"]] = tuple(sorted(ids))
+    return replace(job, cpu_ids=out) if out else job
 
 
 def parse_sacctmgr_qos(text: str) -> list[QosInfo]:

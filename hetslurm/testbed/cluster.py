@@ -35,6 +35,7 @@ from hetslurm.site.find import ETC_ENV
 from hetslurm.site.render import Runtime, device_files, render, write_rendered
 from hetslurm.slurm import versions
 from hetslurm.slurm.cli_backend import CliBackend
+from hetslurm.slurm.rest_backend import JWT_ENV, REST_URL_ENV
 from hetslurm.testbed import packages, procs, roots
 from hetslurm.testbed.procs import Proc
 
@@ -53,6 +54,11 @@ SOCKET_PATH_MAX = 100  # sun_path is 108 bytes on Linux; leave room for suffixes
 SLURMCTLD = "slurmctld"
 SLURMD = "slurmd"
 SLURMDBD = "slurmdbd"
+#: The REST daemon: JWT only, run as an unprivileged user (docs/slurm-access.md, "REST").
+SLURMRESTD = "slurmrestd"
+REST_USER, REST_GROUP = "nobody", "nogroup"
+#: How long the tokens ``rest_env`` asks ``scontrol token`` for last, seconds.
+REST_TOKEN_LIFESPAN_S = 24 * 3600
 #: Forked by slurmctld (and slurmstepd by slurmd); ours when they carry the testbed's mark.
 SLURMSCRIPTD = "slurmscriptd"
 
@@ -156,6 +162,11 @@ class Testbed:
         return self.root / "bin"
 
     @property
+    def jwt_key(self) -> Path:
+        """The HS256 key slurmctld and slurmdbd check slurmrestd's tokens with (mode 600)."""
+        return self.etc / "jwt_hs256.key"
+
+    @property
     def munge_sock(self) -> Path:
         return self.root / "munge" / "munge.sock"
 
@@ -172,11 +183,30 @@ class Testbed:
         """``SLURM_CONF``, ``HETSLURM_ETC`` (this testbed's etc/, its config root) and
         ``HETSLURM_TESTBED_DIR`` (so the site rule finds this testbed's site)."""
         out = {"SLURM_CONF": str(self.conf), ETC_ENV: str(self.etc), DIR_ENV: str(self.root)}
+        st = self.load_state()
+        if st is not None and SLURMRESTD in st.ports:
+            out[REST_URL_ENV] = self.rest_url(st)
         if self.in_root:
             rest = [p for p in os.environ.get("PATH", "").split(os.pathsep)
                     if p and p != str(self.bindir)]
             out["PATH"] = os.pathsep.join([str(self.bindir), *rest])
         return out
+
+    def rest_url(self, st: State) -> str:
+        return f"http://127.0.0.1:{st.ports[SLURMRESTD]}"
+
+    def rest_env(self, lifespan_s: int = REST_TOKEN_LIFESPAN_S) -> dict[str, str]:
+        """``HETSLURM_REST_URL`` and a fresh ``SLURM_JWT`` for root (``scontrol token``).
+
+        Raises:
+            TestbedError: the testbed runs no slurmrestd.
+            CommandError: scontrol could not make a token.
+        """
+        st = self.existing_state()
+        if SLURMRESTD not in st.ports or not self.running(st).get(SLURMRESTD):
+            raise TestbedError(f"the testbed in {self.root} runs no slurmrestd")
+        return {REST_URL_ENV: self.rest_url(st),
+                JWT_ENV: self.slurm().token(lifespan_s=lifespan_s)}
 
     def slurm(self) -> CliBackend:
         """The access layer aimed at this cluster (its SLURM_CONF)."""
@@ -243,6 +273,7 @@ class Testbed:
             # `up` installs hetslurm's hook (install_hook) before it renders slurm.conf.
             job_submit_lua=(self.etc / "job_submit.lua").exists(),
             cgroup_disabled=versions.release(self.slurm_release).needs_cgroup_disabled,
+            jwt_key=str(self.jwt_key),
         )
 
     def running(self, st: State | None = None) -> dict[str, bool]:
@@ -302,7 +333,7 @@ class Testbed:
         return UpResult("started", time.monotonic() - t0, nodes)
 
     def _new_state(self, site: Site, site_file: str) -> State:
-        names = [SLURMCTLD, SLURMD, SLURMDBD, "mariadb"]
+        names = [SLURMCTLD, SLURMD, SLURMDBD, "mariadb", SLURMRESTD]
         ports = dict(zip(names, free_ports(len(names)), strict=True))
         st = State(site=site_file, cluster=site.name, ports=ports, node_ports={},
                    db_password=secrets.token_hex(16), slurm=self.slurm_release)
@@ -312,6 +343,9 @@ class Testbed:
         return st
 
     def _assign_node_ports(self, st: State, site: Site) -> None:
+        if SLURMRESTD not in st.ports:  # a state written before slurmrestd joined
+            taken = set(st.ports.values()) | set(st.node_ports.values())
+            st.ports[SLURMRESTD] = free_ports(1, exclude=taken)[0]
         wanted = [n.name for n in site.nodes]
         st.node_ports = {k: v for k, v in st.node_ports.items() if k in wanted}
         new = [n for n in wanted if n not in st.node_ports]
@@ -326,6 +360,12 @@ class Testbed:
         files = render(site, whole=True, runtime=self.runtime(st))
         for node in site.nodes:
             (self.root / "spool" / node.name).mkdir(parents=True, exist_ok=True)
+        if not self.jwt_key.exists():
+            # slurm.conf(5) AuthAltParameters: owned by SlurmUser or root, not readable by
+            # others; 32 random bytes as Slurm's jwt.html does.
+            fd = os.open(self.jwt_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(secrets.token_bytes(32))
         write_rendered(files, self.etc)
         dbd = self.etc / "slurmdbd.conf"
         dbd_text = "\n".join([
@@ -344,6 +384,8 @@ class Testbed:
             "StorageUser=slurm",
             f"StoragePass={st.db_password}",
             "StorageLoc=slurm_acct_db",
+            "AuthAltTypes=auth/jwt",
+            f"AuthAltParameters=jwt_key={self.jwt_key}",
             "",
         ])
         fd = os.open(dbd, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -506,6 +548,19 @@ class Testbed:
         self._register(site)
         self._start_ctld(st)
         self._start_slurmds(site, st)
+        self._start_rest(st)
+
+    def _start_rest(self, st: State) -> None:
+        """slurmrestd on loopback, JWT only (``rest_auth/jwt``): it refuses to run as root or
+        SlurmUser, so it drops to nobody:nogroup (``-u``/``-g``); ``SLURM_JWT=daemon`` makes it
+        pass each client's token on to slurmctld."""
+        self.log("starting slurmrestd")
+        self._start(st, SLURMRESTD, [
+            SLURMRESTD, "-a", "rest_auth/jwt", "-u", REST_USER, "-g", REST_GROUP,
+            f"127.0.0.1:{st.ports[SLURMRESTD]}",
+        ], "slurmrestd.out", {"SLURM_JWT": "daemon"})
+        wait_for(lambda: _port_open(st.ports[SLURMRESTD]), DAEMON_WAIT_S, SLURMRESTD,
+                 self.root / "log" / "slurmrestd.out")
 
     def _start_munge(self, st: State) -> None:
         mdir = self.root / "munge"
@@ -656,6 +711,7 @@ class Testbed:
         if not changed:
             # Still make sure every daemon of the site runs (a slurmd may have died).
             self._start_slurmds(site, st)
+            self._start_rest(st)
             n = self.wait_nodes_idle(site)
             return UpResult("already-up", time.monotonic() - t0, n, "configuration unchanged")
         st.site = site_file
@@ -672,6 +728,7 @@ class Testbed:
         self._write_config(site, st)
         self._start_ctld(st)
         self._start_slurmds(site, st)
+        self._start_rest(st)
         n = self.wait_nodes_idle(site)
         return UpResult("restarted", time.monotonic() - t0, n,
                         f"{', '.join(changed)} changed: restart needed")
@@ -777,7 +834,7 @@ class Testbed:
             except TestbedError:
                 self.log("some jobs did not end within 60s; stopping daemons anyway")
         # Wait for slurmstepd/slurmscriptd children of our daemons to finish on their own.
-        ours = {SLURMCTLD, SLURMSCRIPTD, SLURMD, SLURMDBD, "mariadbd", "munged"}
+        ours = {SLURMCTLD, SLURMSCRIPTD, SLURMD, SLURMDBD, SLURMRESTD, "mariadbd", "munged"}
         try:
             wait_for(lambda: all(procs.proc_name(p) in ours
                                  for p in procs.marked_pids(str(self.root))),
@@ -788,12 +845,12 @@ class Testbed:
 
     def _stop_slurm(self, st: State) -> tuple[list[str], list[str]]:
         stopped, killed = [], []
-        names = [n for n in st.procs if n.startswith(f"{SLURMD}:")] + [SLURMCTLD]
+        names = [n for n in st.procs if n.startswith(f"{SLURMD}:")] + [SLURMRESTD, SLURMCTLD]
         # SIGTERM all slurmd at once: each takes a moment to shut down.
         live = []
         for name in names:
             p = st.proc(name)
-            if p and p.alive() and name != SLURMCTLD:
+            if p and p.alive() and name != SLURMCTLD:  # slurmrestd too: it reads slurm.conf once
                 os.kill(p.pid, 15)
                 live.append(p)
         for p in live:
@@ -847,6 +904,12 @@ def debian_release(os_release: Path = Path("/etc/debian_version")) -> str:
     major = text.split(".")[0]
     return {"12": "22.05", "13": "24.11"}.get(major, "26.05" if "sid" in text else
                                                versions.DEFAULT)
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def free_ports(n: int, exclude: set[int] | None = None) -> list[int]:

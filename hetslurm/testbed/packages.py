@@ -20,6 +20,8 @@ PACKAGES = (
     "munge",
     "libslurm-dev",
     "mariadb-server",
+    "slurmrestd",
+    "slurm-wlm-jwt-plugin",
 )
 #: Daemons and tools whose presence proves the packages work (checked after install); the
 #: Slurm client commands are the access layer's to check (``missing_commands``).

@@ -31,7 +31,7 @@ READY = "READY"
 SUITES = {"24.11": "trixie", "26.05": "sid"}
 #: What a root needs (the same daemons as the host testbed, from the root's own release).
 PACKAGES = ("slurm-wlm", "slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge",
-            "mariadb-server", "python3")
+            "mariadb-server", "python3", "slurmrestd", "slurm-wlm-jwt-plugin")
 #: Inside a root: the mounts a Slurm daemon needs, mounted for the build and the run.
 MOUNTS = (
     ("proc", "proc", ("-t", "proc")),
@@ -67,6 +67,21 @@ def ready_root(release: str) -> Root | None:
     if not marker.is_file():
         return None
     return Root(release, path, marker.read_text().strip())
+
+
+def missing_in_root(path: Path) -> list[str]:
+    """Packages of :data:`PACKAGES` the root's dpkg database does not list as installed."""
+    status = path / "var/lib/dpkg/status"
+    installed = set()
+    try:
+        text = status.read_text(errors="replace")
+    except OSError:
+        return list(PACKAGES)
+    for para in text.split("\n\n"):
+        m = re.search(r"^Package: (\S+)$", para, re.M)
+        if m and re.search(r"^Status: install ok installed$", para, re.M):
+            installed.add(m.group(1))
+    return [p for p in PACKAGES if p not in installed]
 
 
 def host_mirror(sources: Path = Path("/etc/apt")) -> str:
@@ -226,6 +241,19 @@ def build_root(release: str, *, log: Log = print, mirror: str | None = None) -> 
         raise TestbedError(f"Slurm {name} runs from the host's own packages, not a root")
     ready = ready_root(name)
     if ready is not None:
+        missing = missing_in_root(ready.path)
+        if missing:
+            # A root cached before a package joined PACKAGES gets just the new ones.
+            if os.geteuid() != 0:
+                raise TestbedError(f"the Slurm {name} root lacks {' '.join(missing)}; "
+                                   "run as root to install them")
+            log(f"installing {' '.join(missing)} in the root {ready.path}")
+            with mounted(ready.path):
+                in_root(ready.path, ["apt-get", "update", "-q"], timeout=600,
+                        what="apt-get update")
+                in_root(ready.path, ["apt-get", "install", "-y", "-q",
+                                     "--no-install-recommends", *missing],
+                        timeout=1800, what="apt-get install")
         return ready
     if os.geteuid() != 0:
         raise TestbedError(f"building the Slurm {name} root needs root")
