@@ -274,7 +274,11 @@ class CliBackend(SlurmBackend):
         self._run_object(f"job {job_id}", "scontrol", "requeuehold", *opt, str(job_id))
 
     def cancel(self, job_id: JobRef) -> None:
-        self._run_object(f"job {job_id}", "scancel", str(job_id))
+        # 24.11 and later exit 0 for an unknown job and say so only with -v (tried).
+        out = self._run_object(f"job {job_id}", "scancel", "-v", str(job_id))
+        said = f"{out.stdout}\n{out.stderr}"
+        if "Invalid job id" in said:
+            raise NotFoundError(f"job {job_id} not found: {said.strip()}")
 
     def update_node(self, name: str, state: NodeStateChange, reason: str | None = None) -> None:
         self._check_state_change(state, reason)

@@ -211,8 +211,8 @@ class RestBackend(CliBackend):
                 raise NotFoundError(f"job {path_args['job_id']} not found")
         if status >= 400 or errors:
             what = "; ".join(
-                f"{e.get('error') or e.get('description')}" for e in errors
-                if isinstance(e, Mapping)) or f"HTTP {status}"
+                ": ".join(str(e[k]) for k in ("description", "error") if e.get(k))
+                for e in errors if isinstance(e, Mapping)) or f"HTTP {status}"
             raise RestError(f"slurmrestd {spec.method} {path}: {what}")
         return doc
 
@@ -257,7 +257,15 @@ class RestBackend(CliBackend):
         return parse.parse_sinfo_json(json.dumps(doc), what=f"REST {OPERATIONS['nodes'].path}")
 
     def node(self, name: str) -> NodeInfo:
-        doc = self._request("node", node_name=name, ok404=True)
+        try:
+            doc = self._request("node", node_name=name, ok404=True)
+        except RestAuthError:
+            raise
+        except RestError as exc:
+            # An unknown name: HTTP 200, no nodes, "Failure to query node <name>".
+            if f"Failure to query node {name}" in str(exc):
+                raise NotFoundError(f"node '{name}' not found") from None
+            raise
         found = [n for n in parse.parse_sinfo_json(json.dumps(doc or {"nodes": []}),
                                                     what="REST node") if n.name == name]
         if not found:
