@@ -555,12 +555,32 @@ class Testbed:
         SlurmUser, so it drops to nobody:nogroup (``-u``/``-g``); ``SLURM_JWT=daemon`` makes it
         pass each client's token on to slurmctld."""
         self.log("starting slurmrestd")
+        uid, gid = self._rest_ids()
         self._start(st, SLURMRESTD, [
-            SLURMRESTD, "-a", "rest_auth/jwt", "-u", REST_USER, "-g", REST_GROUP,
+            SLURMRESTD, "-a", "rest_auth/jwt", "-u", uid, "-g", gid,
             f"127.0.0.1:{st.ports[SLURMRESTD]}",
         ], "slurmrestd.out", {"SLURM_JWT": "daemon"})
         wait_for(lambda: _port_open(st.ports[SLURMRESTD]), DAEMON_WAIT_S, SLURMRESTD,
                  self.root / "log" / "slurmrestd.out")
+
+    def _rest_ids(self) -> tuple[str, str]:
+        """nobody's uid and nogroup's gid as numbers, from the passwd/group files of the
+        system slurmrestd runs on: 26.05's slurmrestd did not resolve ``-u nobody`` in its
+        root though getent did (tried); numbers work on every release."""
+        etc = (self.slurm_root.path if self.slurm_root else Path("/")) / "etc"
+        ids = []
+        for file, name in (("passwd", REST_USER), ("group", REST_GROUP)):
+            try:
+                lines = (etc / file).read_text().splitlines()
+            except OSError as exc:
+                raise TestbedError(f"cannot read {etc / file}: {exc}") from exc
+            found = [ln.split(":")[2] for ln in lines if ln.split(":")[0] == name
+                     and len(ln.split(":")) > 2]
+            if not found or not found[0].isdigit():
+                raise TestbedError(f"no {name} in {etc / file}: slurmrestd needs an "
+                                   "unprivileged user to run as")
+            ids.append(found[0])
+        return ids[0], ids[1]
 
     def _start_munge(self, st: State) -> None:
         mdir = self.root / "munge"
