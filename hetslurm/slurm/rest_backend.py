@@ -191,12 +191,17 @@ class RestBackend(CliBackend):
             raise RestAuthError(f"slurmrestd at {self.url} refused the token (HTTP {status}): "
                                 f"expired, or signed with another key; get a new one with "
                                 "`scontrol token`")
-        if status == 404 and ok404:
-            return {}
         try:
             doc = json.loads(text)
         except (ValueError, RecursionError):
             doc = None
+        if status == 404 and not isinstance(doc, dict):
+            # Not a missing object (that comes as a JSON document): the path is not served.
+            raise RestError(f"slurmrestd at {self.url} does not serve {API} (Slurm 22.05's "
+                            "serves v0.0.36-38 only; its /openapi/v3 lists what it has): use "
+                            "--backend cli")
+        if status == 404 and ok404:
+            return {}
         if not isinstance(doc, dict):
             raise RestError(f"slurmrestd at {self.url}: HTTP {status} for {spec.method} {path} "
                             f"with no JSON document: {text[:160]!r}")

@@ -46,17 +46,21 @@ class Release:
     #: once (26.05: the main scheduler falls back); before, the job waits, reason
     #: ``Priority``, until the next backfill pass (up to ``bf_interval``). docs/versions.md.
     prefer_falls_back_at_once: bool = False
+    #: The slurmrestd API the REST backend speaks, when this release serves it: 24.11 and
+    #: 26.05 serve data_parser v0.0.42 (the CLIs' schema); 22.05's slurmrestd serves only
+    #: v0.0.36-38, so ``--backend rest`` is refused there (docs/slurm-access.md, "REST").
+    rest_api: str | None = None
 
 
 RELEASES: dict[str, Release] = {
     "22.05": Release("22.05", gres_prefix="gres:"),
     "24.11": Release("24.11", gres_prefix="gres/", needs_cgroup_disabled=True,
                      json_option="--json=v0.0.42", all_jobs=("-t", "all"),
-                     node_listing=("scontrol", "show", "node")),
+                     node_listing=("scontrol", "show", "node"), rest_api="v0.0.42"),
     "26.05": Release("26.05", gres_prefix="gres/", needs_cgroup_disabled=True,
                      json_option="--json=v0.0.42", all_jobs=("-t", "all"),
                      node_listing=("scontrol", "show", "node"), lua_error_rejects=True,
-                     prefer_falls_back_at_once=True),
+                     prefer_falls_back_at_once=True, rest_api="v0.0.42"),
 }
 #: Slurm's programs a testbed run from another release's Debian root wraps, and where the
 #: root holds each: the daemons it starts, and the clients the access layer, the tests and a
