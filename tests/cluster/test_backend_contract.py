@@ -95,7 +95,7 @@ def _rest_refuses_bad_tokens(testbed: Testbed, rest_env: dict[str, str]) -> None
 def _rest_refused_on_22_05(rest_env: dict[str, str]) -> None:
     """22.05's slurmrestd runs (JWT and all) but serves v0.0.36-38 only: one clear line."""
     rest = get_backend("rest", env=rest_env)
-    with pytest.raises(RestError, match="does not serve v0.0.42.*--backend cli"):
+    with pytest.raises(RestError, match=r"does not serve v0\.0\.42.*--backend cli"):
         rest.nodes()
     with pytest.raises(RestError, match="does not serve"):
         rest.job(1)
