@@ -77,6 +77,36 @@ def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
          title="audit benchmark", document=res)
 
 
+@bench.command("backend")
+@click.option("--calls", type=click.IntRange(1, 100_000), default=50, show_default=True,
+              help="Timed calls per operation and backend (after one untimed warm-up call).")
+@click.option("--backends", default="cli,rest", show_default=True,
+              help="Comma-separated backends to time (cli, rest).")
+@format_option
+def bench_backend_cmd(calls: int, backends: str, output_format: str) -> None:
+    """Time the access layer's backends per call on the running cluster.
+
+    Reads nodes, one node, jobs, one job and partitions, then changes a held job of its own
+    (admin comment; release + hold) on each backend in turn, and reports one row per backend
+    and operation: calls, p50_ms, p99_ms. The CLI backend spawns Slurm's commands; the REST
+    backend talks to slurmrestd ($HETSLURM_REST_URL, $SLURM_JWT).
+
+    \b
+    Example, on the testbed:
+      eval "$(hetslurm testbed env)"
+      export SLURM_JWT=$(scontrol token lifespan=3600 | cut -d= -f2)
+      hetslurm bench backend --calls 100 --format json
+    """
+    import os
+
+    from hetslurm.lab.bench_backend import bench_backends
+
+    names = tuple(b.strip() for b in backends.split(",") if b.strip())
+    res = bench_backends(dict(os.environ), calls=calls, backends=names,
+                         log=lambda m: click.echo(f"bench backend: {m}", err=True))
+    emit(res["rows"], output_format, title="backend cost per call", document=res)
+
+
 @bench.command("hook")
 @shipped_site_option("demo.toml", "demo site")
 @click.option("--calls", type=click.IntRange(100, 10_000_000), default=20_000, show_default=True,
