@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from hetslurm.cli.options import site_option, site_path_or_none
+from hetslurm.cli.options import backend_option, site_option, site_path_or_none
 from hetslurm.site.model import Site
 
 NVML_KINDS = ("real", "fake")
@@ -46,10 +46,11 @@ def _site(path: str | None) -> Site | None:
               help="Stop after this many seconds.")
 @click.option("--compact", "compact_only", is_flag=True,
               help="Do not sample: compact old segments and prune past retention, then exit.")
+@backend_option(default="cli")
 def collect(site_file: str | None, nodes: tuple[str, ...], all_nodes: bool,
             interval: float | None, flush: float | None, store: str | None, nvml: str | None,
             fake_scenario: str | None, gres_conf: str | None, ticks: int | None,
-            duration: float | None, compact_only: bool) -> None:
+            duration: float | None, compact_only: bool, backend: str) -> None:
     """Sample every GPU through NVML and attribute it to the Slurm job holding it.
 
     Each sample is matched to its job by Slurm's GPU index -> gres.conf File= -> the
@@ -80,7 +81,7 @@ def collect(site_file: str | None, nodes: tuple[str, ...], all_nodes: bool,
         click.echo(f"hetslurm collect: gres.conf lists no GPU for {', '.join(unknown)}; "
                    "their GPUs are recorded as unmatched", err=True)
     source = build_source(nvml or conf.nvml, fake_scenario or conf.fake_scenario)
-    coll = Collector(wanted, source, get_backend("cli", env=dict(os.environ)), gres, st,
+    coll = Collector(wanted, source, get_backend(backend, env=dict(os.environ)), gres, st,
                      interval_s=interval or conf.interval_s, flush_s=flush or conf.flush_s,
                      drain_lost=conf.drain_lost_gpu, drain_reason=conf.drain_reason)
     done = coll.run(ticks=ticks, duration_s=duration, handle_signals=True)

@@ -162,7 +162,7 @@ def state_option(*, default: Literal["live", "empty"]) -> Callable[[F], F]:
 
 # ------------------------------------------------------------------------------ --backend
 def backend_option(*, default: Literal["auto", "cli"]) -> Callable[[F], F]:
-    """``--backend auto|cli|pyslurm`` (the value arrives as ``backend``).
+    """``--backend auto|cli|rest|pyslurm`` (the value arrives as ``backend``).
 
     Commands that only read (``status``) default to ``auto``; commands that act on what they
     read (``act``, ``rebalance``) default to ``cli``, the backend the testbed tests cover
@@ -171,7 +171,8 @@ def backend_option(*, default: Literal["auto", "cli"]) -> Callable[[F], F]:
     return _shared("--backend", "backend", shared="--backend", variant=default,
                    type=click.Choice(BACKENDS), default=default, show_default=True,
                    help="How to reach Slurm (auto: pyslurm when it matches the running Slurm, "
-                        "else the CLIs).")
+                        "else the CLIs; rest: slurmrestd at $HETSLURM_REST_URL with the token "
+                        "in $SLURM_JWT, see docs/slurm-access.md).")
 
 
 # ----------------------------------------------------------------- --conf-dir, --testbed

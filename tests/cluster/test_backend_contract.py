@@ -109,3 +109,32 @@ if REST:
     test_rest_refuses_bad_tokens = _rest_refuses_bad_tokens
 else:
     test_rest_refused_on_22_05 = _rest_refused_on_22_05
+
+
+def _status_same_through_rest(rest_env: dict[str, str], jobs: Jobs) -> None:
+    """A user's view: ``hetslurm status`` and a ``rebalance`` dry run read the same cluster
+    through REST as through the CLIs."""
+    import json
+
+    from click.testing import CliRunner
+
+    from hetslurm.cli import cli
+
+    jobs.sbatch("-H", "-p", "gpu", "--gres=gpu:a100:1")
+    env = {k: rest_env[k] for k in ("SLURM_CONF", "PATH", "HETSLURM_REST_URL", "SLURM_JWT",
+                                    "HETSLURM_TESTBED_DIR", "HETSLURM_ETC") if k in rest_env}
+    docs = {}
+    for name in ("cli", "rest"):
+        res = CliRunner(env=env).invoke(cli, ["status", "--backend", name, "--format", "json"])
+        assert res.exit_code == 0, res.output
+        doc = json.loads(res.stdout)
+        doc.pop("time", None)
+        docs[name] = doc
+    assert docs["rest"] == docs["cli"]
+    res = CliRunner(env=env).invoke(cli, ["rebalance", "--backend", "rest", "--format", "json",
+                                          "--only", "relax"])
+    assert res.exit_code in (0, 9), res.output
+
+
+if REST:
+    test_status_same_through_rest = _status_same_through_rest
