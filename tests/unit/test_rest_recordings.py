@@ -58,7 +58,7 @@ def test_cpu_ids_from_job_resources_equal_scontrol(release: str) -> None:
 def test_partition_of_the_wrong_shape_names_the_field() -> None:
     doc = {"partitions": [{"name": "p", "maximums": "soon"}],
            "meta": {"plugin": {"data_parser": "data_parser/v0.0.42"}}}
-    with pytest.raises(BackendError, match="partition 'p'.*maximums"):
+    with pytest.raises(BackendError, match=r"partition 'p'.*maximums"):
         parse_partitions_json(json.dumps(doc))
     doc = {"partitions": [{"nodes": {"configured": "a[1-2]"}}]}
     with pytest.raises(BackendError, match="'name' is missing"):
