@@ -2,7 +2,7 @@
 
 Each check takes a backend and a held job it may change (submitted by the caller, so the
 fake and the real testbed can each submit their own way). The fake runs them in the unit
-tier (tests/unit/test_backend_contract.py), the CLI and REST backends on the real testbed
+tier (tests/unit/test_backend_contract_fake.py), the CLI and REST backends on the real testbed
 (tests/cluster/test_backend_contract.py, every release of the release tier).
 """
 

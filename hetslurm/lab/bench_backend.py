@@ -32,6 +32,22 @@ def _time(fn: Callable[[], object], calls: int) -> list[float]:
     return out
 
 
+def _operations(b: SlurmBackend, node: str, job_id: int) -> dict[str, Callable[[], object]]:
+    def hold_release() -> None:
+        b.release(job_id)
+        b.hold(job_id)
+
+    return {
+        "nodes": b.nodes,
+        "node": lambda: b.node(node),
+        "jobs": b.jobs,
+        "job": lambda: b.job(job_id),
+        "partitions": b.partitions,
+        "update_job": lambda: b.update_job(job_id, admin_comment="bench"),
+        "hold_release": hold_release,
+    }
+
+
 def bench_backends(env: Mapping[str, str], *, calls: int = 50,
                    backends: tuple[str, ...] = ("cli", "rest"),
                    log: Log = lambda _m: None) -> dict[str, Any]:
@@ -45,15 +61,7 @@ def bench_backends(env: Mapping[str, str], *, calls: int = 50,
     rows: list[dict[str, Any]] = []
     try:
         for name, b in made.items():
-            ops: dict[str, Callable[[], object]] = {
-                "nodes": b.nodes,
-                "node": lambda b=b: b.node(node),
-                "jobs": b.jobs,
-                "job": lambda b=b: b.job(job_id),
-                "partitions": b.partitions,
-                "update_job": lambda b=b: b.update_job(job_id, admin_comment="bench"),
-                "hold_release": lambda b=b: (b.release(job_id), b.hold(job_id)),
-            }
+            ops = _operations(b, node, job_id)
             for op in OPERATIONS:
                 log(f"{name} {op} x{calls}")
                 ms = _time(ops[op], calls)

@@ -327,7 +327,8 @@ def test_backend_and_state_defaults_are_the_named_ones() -> None:
     defaults = {(p, o.name): o.default for p, o in _all_options()
                 if o.name in ("backend", "state_spec")}
     assert defaults == {("status", "backend"): "auto", ("act requeue-stalled", "backend"): "cli",
-                        ("rebalance", "backend"): "cli", ("place", "state_spec"): "live",
+                        ("rebalance", "backend"): "cli", ("collect", "backend"): "cli",
+                        ("place", "state_spec"): "live",
                         ("explain", "state_spec"): "empty"}
 
 

@@ -31,7 +31,7 @@ SLURM_PROGRAMS = frozenset({
     "slurmctld", "slurmd", "slurmdbd", "slurmrestd", "slurmscriptd", "slurmstepd",
 })
 
-DAEMONS = frozenset({"slurmctld", "slurmd", "slurmdbd", "slurmscriptd"})
+DAEMONS = frozenset({"slurmctld", "slurmd", "slurmdbd", "slurmscriptd", "slurmrestd"})
 
 #: Where a module outside the access layer may still name a program: (module, scope) ->
 #: the names allowed there. A scope is ``<module>`` (module-level statements only, not
@@ -45,9 +45,10 @@ ALLOWED: dict[tuple[str, str], frozenset[str]] = {
     # Debian package names (they are the daemons' names) and the daemon binaries checked
     # after install; the client commands are checked by slurm.cli_backend.missing_commands.
     ("hetslurm/testbed/packages.py", "<module>"): frozenset({"slurmctld", "slurmd",
-                                                             "slurmdbd"}),
+                                                             "slurmdbd", "slurmrestd"}),
     # ... and the same package names installed into the Debian roots of other releases.
-    ("hetslurm/testbed/roots.py", "<module>"): frozenset({"slurmctld", "slurmd", "slurmdbd"}),
+    ("hetslurm/testbed/roots.py", "<module>"): frozenset({"slurmctld", "slurmd", "slurmdbd",
+                                                          "slurmrestd"}),
     # Labels a user reads, not commands run: a QOS change's action in a rollout plan
     # (docs/cli.md: `action` is reconfigure, restart or sacctmgr) ...
     ("hetslurm/levers/rollout.py", "<module>"): frozenset({"sacctmgr"}),

@@ -105,3 +105,16 @@ def test_shared_folders_are_bound_once_outermost_first(tmp_path: Path,
     assert all(a[:2] == ["mount", "--bind"] for a in ran)
     assert done == [str(root / other.relative_to("/")), str(root / outer.relative_to("/"))]
     assert (root / inner.relative_to("/")).parent.is_dir()
+
+
+def test_missing_in_root_reads_the_roots_dpkg_status(tmp_path: Path) -> None:
+    from hetslurm.testbed.roots import PACKAGES, missing_in_root
+
+    status = tmp_path / "var/lib/dpkg/status"
+    status.parent.mkdir(parents=True)
+    installed = [p for p in PACKAGES if p != "slurmrestd"]
+    paras = [f"Package: {p}\nStatus: install ok installed\nVersion: 1\n" for p in installed]
+    paras.append("Package: slurmrestd\nStatus: deinstall ok config-files\nVersion: 1\n")
+    status.write_text("\n".join(paras))
+    assert missing_in_root(tmp_path) == ["slurmrestd"]
+    assert missing_in_root(tmp_path / "nothing-here") == []
