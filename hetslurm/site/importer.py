@@ -706,12 +706,18 @@ def draft_site(cluster: ImportedCluster,
     class_guess: dict[tuple[Any, ...], list[tuple[tuple[str, ...], str]]] = {}
     models: dict[str, dict[str, list[int]]] = {"gpu": {}, "fpga": {}}
     feature_drops: list[str] = []
+    class_files: dict[tuple[Any, ...], dict[str, dict[str, str]]] = {}
     for node in cluster.nodes:
         data, guesses, dropped = _node_class(node, cluster.devices.get(node.name, ()), topo)
         feature_drops += dropped
+        # Device files join a class afterwards: nodes that differ only in them (the
+        # testbed's per-node emulated devices) stay one class.
+        files = {k: data[k].pop("files") for k in ("gpus", "fpgas")
+                 if data.get(k) and "files" in data[k]}
         key = _freeze(data)
         node_attrs[node.name] = key
         class_data.setdefault(key, data)
+        class_files.setdefault(key, {})[node.name] = files
         class_guess.setdefault(key, [])
         for g in guesses:
             if g not in class_guess[key]:
@@ -749,6 +755,22 @@ def draft_site(cluster: ImportedCluster,
     for key, data in class_data.items():
         cn = class_names[key]
         classes[cn] = data
+        for group in ("gpus", "fpgas"):
+            if not data.get(group):
+                continue
+            per_node = {n: f.get(group) for n, f in class_files[key].items()}
+            distinct = set(per_node.values())
+            if len(distinct) == 1:
+                only = distinct.pop()
+                if only is not None:
+                    data[group]["files"] = only
+            else:
+                example = ", ".join(f"{n}: {f or 'default'}" for n, f in
+                                    list(per_node.items())[:2])
+                draft.guess(("node_classes", cn, group, "files"),
+                            f"device files differ between the nodes of this class ({example}"
+                            ", ...); the drivers' default names are written (split the class "
+                            "to keep them)")
         for path, why in class_guess[key]:
             draft.guess(("node_classes", cn, *path), why)
         draft.guess(("node_classes", cn),
