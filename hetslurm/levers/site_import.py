@@ -58,10 +58,11 @@ def from_backend(backend: SlurmBackend, *, gres_conf: str | Path | None = None,
 
     partitions = []
     for p in backend.partitions():
-        covers_all = set(p.nodes) == set(all_names)
-        if covers_all:
+        # scontrol prints Nodes=ALL as written in slurm.conf; JSON may give the expansion.
+        covers_all = p.nodes == ("ALL",) or set(p.nodes) == set(all_names)
+        if covers_all and p.nodes != ("ALL",):
             notes.append((("partitions", p.name, "nodes"), "holds every node; written as ALL "
-                          "(Slurm prints the expanded list, not what slurm.conf says)"))
+                          "(Slurm printed the node list, not what slurm.conf says)"))
         options = {"QOS": p.qos} if p.qos else {}
         partitions.append(ImportedPartition(
             name=p.name, nodes=None if covers_all else tuple(p.nodes), default=p.default,
@@ -75,6 +76,10 @@ def from_backend(backend: SlurmBackend, *, gres_conf: str | Path | None = None,
                          for s in backend.topology())
     except NotSupportedError:
         notes.append((("nodes",), f"the '{backend.name}' backend cannot read the switch tree; "
+                      "no [switches] written"))
+    except BackendError as exc:
+        # A cluster without topology/tree may answer with an error rather than no switch.
+        notes.append((("nodes",), f"the switch tree could not be read ({str(exc)[:120]}); "
                       "no [switches] written"))
 
     config: dict[str, str] = {}

@@ -319,9 +319,14 @@ def parse_slurm_conf(path: str | Path, *, _conf: SlurmConf | None = None,
     return conf
 
 
+#: slurm.conf spellings of the node keys read here, for messages.
+_NODE_KEYS = {k.lower(): k for k in ("Boards", "SocketsPerBoard", "Sockets", "CoresPerSocket",
+                                     "ThreadsPerCore", "CPUs", "Procs", "Weight")}
+
+
 def _node_from_attrs(name: str, a: Mapping[str, str], where: str) -> ImportedNode:
     def num(key: str) -> int | None:
-        return _int(a[key], where, key) if key in a else None
+        return _int(a[key], where, _NODE_KEYS[key]) if key in a else None
 
     boards = num("boards") or 1
     sockets = num("socketsperboard")
@@ -724,14 +729,15 @@ def draft_site(cluster: ImportedCluster,
                 class_guess[key].append(g)
         for kind in DEVICE_KINDS:
             group = data.get(f"{kind}s")
-            if group and node.weight is not None:
-                models[kind].setdefault(group["model"], []).append(node.weight)
+            if group:
+                models[kind].setdefault(group["model"], []).extend(
+                    [node.weight] if node.weight is not None else [])
 
     # Scheduling: model order from the live weights (lowest weight is allocated first).
     sched: dict[str, Any] = {}
     for kind in DEVICE_KINDS:
         weights = models[kind]
-        order = sorted(weights, key=lambda m: (min(weights[m]), m))
+        order = sorted(weights, key=lambda m: (min(weights[m], default=WEIGHT_GPU_BASE), m))
         if len(order) > 1:
             sched[f"{kind}_model_order"] = order
     if cluster.def_mem_per_cpu:

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from hetslurm.cli import cli
-from hetslurm.errors import SiteImportError
+from hetslurm.errors import CommandError, CommandFailure, SiteImportError
 from hetslurm.lab.fake_slurm import FakeSlurm
 from hetslurm.levers.site_import import from_backend
 from hetslurm.site import Site, importer, load_site
@@ -312,7 +312,9 @@ def fake_from_site(site: Site) -> FakeSlurm:
                     **({("fpga", n.fpgas[0].model): len(n.fpgas)} if n.fpgas else {})},
         sockets=n.spec.sockets, cores_per_socket=n.spec.cores_per_socket,
         threads_per_core=n.spec.threads_per_core) for n in site.nodes]
-    parts = [PartitionInfo(p.name, p.nodes, default=p.spec.default, max_time=86400)
+    # scontrol prints Nodes=ALL as slurm.conf says it.
+    parts = [PartitionInfo(p.name, ("ALL",) if p.spec.nodes == "ALL" else p.nodes,
+                           default=p.spec.default, max_time=86400)
              for p in site.partitions.values()]
     switches = [SwitchInfo(name, tuple(n.name for n in site.nodes if n.leaf_switch == name),
                            sw.switches) for name, sw in site.switches.items()]
@@ -338,6 +340,24 @@ def test_live_import_through_the_fake_backend(tmp_path: Path) -> None:
     imported = load_site(tmp_path / "live.toml")
     assert imported.partitions["batch"].spec.nodes == "ALL"
     assert imported.switches.keys() == {"leaf1", "leaf2", "spine"}
+
+
+def test_live_import_without_a_switch_tree(tmp_path: Path) -> None:
+    site = load_site(DEMO)
+
+    class NoTopology(FakeSlurm):
+        def topology(self) -> list[SwitchInfo]:
+            raise CommandError("scontrol show topology failed",
+                               CommandFailure(("scontrol",), 1, "no topology"))
+
+    fake = fake_from_site(site)
+    bare = NoTopology(nodes=fake.nodes(), partitions=fake.partitions())
+    draft = importer.draft_site(from_backend(bare))
+    text = importer.to_toml(draft)
+    importer.validate(text, "live")
+    assert "\n[switches." not in text and "# guessed: the switch tree could not be read" in text
+    # No configuration either: the name is a guess, every GPU node keeps its weight band.
+    assert tomllib.loads(text)["name"] == "imported"
 
 
 def test_node_layout_is_read_from_slurms_output() -> None:
