@@ -149,8 +149,16 @@ def import_cmd(from_conf: str | None, gres_conf: str | None, gres_outputs: tuple
       hetslurm site import --gres-output 'gpu[1-4]=slurmd-G.txt' > site.toml
     """
     from hetslurm.site import importer
+    from hetslurm.textfile import read_text_file
 
+    # The files named here are checked before Slurm is asked or a folder is read: a bad one
+    # is one line and exit 2 whatever else is wrong.
+    topo = [(key, importer.parse_topo_matrix(path)) for key, path in _keyed_files(topos)]
     outputs = _keyed_files(gres_outputs)
+    for _, path in outputs:
+        importer.parse_gres_output(path)
+    if gres_conf is not None:
+        read_text_file(gres_conf, what="gres.conf")
     if from_conf is not None:
         cluster = importer.from_conf(from_conf, gres_conf=gres_conf, gres_outputs=outputs,
                                      name=name)
@@ -160,7 +168,6 @@ def import_cmd(from_conf: str | None, gres_conf: str | None, gres_outputs: tuple
 
         cluster = from_backend(slurm.get_backend(backend, env=dict(os.environ)),
                                gres_conf=gres_conf, gres_outputs=outputs, name=name)
-    topo = [(key, importer.parse_topo_matrix(path)) for key, path in _keyed_files(topos)]
     draft = importer.draft_site(cluster, topo)
     text = importer.to_toml(draft)
     importer.validate(text, out_file or "<imported site>")
