@@ -705,24 +705,6 @@ def parse_scontrol_partitions(text: str) -> list[PartitionInfo]:
     return out
 
 
-def parse_scontrol_topology(text: str) -> list[SwitchInfo]:
-    """Switches from ``scontrol show topology`` (``SwitchName=leaf1 Level=0 LinkSpeed=1
-    Nodes=gpu[1-4]``, one per line); lines without ``SwitchName=`` (the message printed
-    when no topology plugin is configured) are skipped."""
-    out = []
-    for rec in scontrol_records(text):
-        name = _first(rec, "SwitchName")
-        if not name:
-            continue
-        out.append(SwitchInfo(
-            name=name,
-            nodes=units.expand_hostlist(_first(rec, "Nodes")),
-            switches=units.expand_hostlist(_first(rec, "Switches")),
-            link_speed=_int(_first(rec, "LinkSpeed")),
-        ))
-    return out
-
-
 def parse_sacctmgr_qos(text: str) -> list[QosInfo]:
     """QOS from ``sacctmgr show qos -P`` (header line first, ``|``-separated).
 
@@ -771,6 +753,24 @@ def parse_slurm_version(text: str) -> tuple[int, int, int]:
 
 
 # ------------------------------------------------------------------- small listings
+def parse_scontrol_topology(text: str) -> list[SwitchInfo]:
+    """Switches from ``scontrol show topology`` (``SwitchName=leaf1 Level=0 LinkSpeed=1
+    Nodes=gpu[1-4]``, one per line); lines without ``SwitchName=`` (the message printed
+    when no topology plugin is configured) are skipped."""
+    out = []
+    for rec in scontrol_records(text):
+        name = _first(rec, "SwitchName")
+        if not name:
+            continue
+        out.append(SwitchInfo(
+            name=name,
+            nodes=units.expand_hostlist(_first(rec, "Nodes")),
+            switches=units.expand_hostlist(_first(rec, "Switches")),
+            link_speed=_int(_first(rec, "LinkSpeed")),
+        ))
+    return out
+
+
 def parse_scontrol_config(text: str) -> dict[str, str]:
     """``scontrol show config`` (``Key = value`` lines) to a dict.
 
