@@ -54,6 +54,11 @@ class ConfigError(HetslurmError):
         return f"{prefix}: {self.message}" if prefix else self.message
 
 
+class SiteImportError(ConfigError):
+    """``site import`` cannot read a Slurm file it was given (the message names the file and
+    line) or cannot make a valid site of the cluster (exit 2, like an invalid site)."""
+
+
 class CoreNotBuiltError(HetslurmError):
     """The compiled placement core ``hetslurm._core`` is missing or stale."""
 

@@ -10,7 +10,12 @@ from typing import Any
 
 import click
 
-from hetslurm.cli.options import conf_dir_option, format_option, testbed_target_option
+from hetslurm.cli.options import (
+    backend_option,
+    conf_dir_option,
+    format_option,
+    testbed_target_option,
+)
 from hetslurm.cli.output import emit
 from hetslurm.site import load_site
 from hetslurm.site.render import FRAGMENT_FILES, render, write_rendered
@@ -83,6 +88,99 @@ def render_cmd(site_file: str, out_dir: str, whole: bool) -> None:
         click.echo(f"add to slurm.conf: Include lines for {incl}; copy gres.conf and "
                    "topology.conf beside it", err=True)
     sys.stdout.flush()
+
+
+# ------------------------------------------------------------ import (docs/site-config.md)
+def _keyed_files(values: tuple[str, ...]) -> list[tuple[str | None, str]]:
+    """``[KEY=]FILE`` values: (KEY or None, FILE)."""
+    out: list[tuple[str | None, str]] = []
+    for v in values:
+        key, eq, path = v.partition("=")
+        out.append((key, path) if eq and key else (None, v))
+    return out
+
+
+@site.command("import")
+@click.option("--from-conf", "from_conf", type=click.Path(file_okay=False), default=None,
+              metavar="DIR",
+              help="Read a Slurm configuration folder (slurm.conf with its Includes, "
+                   "gres.conf, topology.conf) instead of the live cluster.")
+@click.option("--gres-conf", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="gres.conf giving device files, Cores= and Links= (live: needed for them; "
+                   "--from-conf: replaces DIR/gres.conf).")
+@click.option("--gres-output", "gres_outputs", multiple=True, metavar="[NODES=]FILE",
+              help="What `slurmd -G` printed on a node, saved to FILE; applies to the "
+                   "hostlist NODES, else to every node with exactly those devices. "
+                   "Repeatable.")
+@click.option("--topo", "topos", multiple=True, metavar="[CLASS=]FILE",
+              help="`nvidia-smi topo -m` output of one node, for NVLink islands and NUMA "
+                   "domains; CLASS is a GPU model or a hostlist of nodes (none: every node "
+                   "with that many GPUs). Repeatable, one per node class.")
+@click.option("--name", default=None,
+              help="Site name [default: the cluster's ClusterName].")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE", help="Write the site here (atomically) [default: stdout].")
+@click.option("--site-format", "site_format", type=click.Choice(("toml", "json")),
+              default="toml", show_default=True,
+              help="toml: a site file `site check` accepts, with '# guessed:' comments; "
+                   "json: the same data and the guesses as a list, for scripts.")
+@backend_option(default="auto")
+def import_cmd(from_conf: str | None, gres_conf: str | None, gres_outputs: tuple[str, ...],
+               topos: tuple[str, ...], name: str | None, out_file: str | None,
+               site_format: str, backend: str) -> None:
+    """Write a site file describing an existing cluster.
+
+    \b
+    Live (default): nodes, gres types and counts, features, weights, partitions and the
+    switch tree from the running cluster (SLURM_CONF picks it); device files, Cores= and
+    Links= from --gres-conf or --gres-output, NVLink islands from --topo.
+    Offline: --from-conf DIR reads the same from Slurm's files.
+
+    Where a value had to be assumed (islands without Links= or --topo, NUMA domains read
+    from Cores=, power figures) the file says so in a '# guessed:' comment. The result is
+    checked with the rules of `site check` before anything is written; when no valid site
+    can be made the command exits 2 with the reason and writes nothing.
+
+    \b
+    Examples:
+      hetslurm site import --from-conf /etc/slurm --out site.toml
+      hetslurm site import --gres-conf /etc/slurm/gres.conf \\
+          --topo h100=topo-h100.txt --out site.toml
+      hetslurm site import --gres-output 'gpu[1-4]=slurmd-G.txt' > site.toml
+    """
+    from hetslurm.site import importer
+    from hetslurm.textfile import read_text_file
+
+    # The files named here are checked before Slurm is asked or a folder is read: a bad one
+    # is one line and exit 2 whatever else is wrong.
+    topo = [(key, importer.parse_topo_matrix(path)) for key, path in _keyed_files(topos)]
+    outputs = _keyed_files(gres_outputs)
+    for _, path in outputs:
+        importer.parse_gres_output(path)
+    if gres_conf is not None:
+        read_text_file(gres_conf, what="gres.conf")
+    if from_conf is not None:
+        cluster = importer.from_conf(from_conf, gres_conf=gres_conf, gres_outputs=outputs,
+                                     name=name)
+    else:
+        from hetslurm import slurm
+        from hetslurm.levers.site_import import from_backend
+
+        cluster = from_backend(slurm.get_backend(backend, env=dict(os.environ)),
+                               gres_conf=gres_conf, gres_outputs=outputs, name=name)
+    draft = importer.draft_site(cluster, topo)
+    text = importer.to_toml(draft)
+    importer.validate(text, out_file or "<imported site>")
+    if site_format == "json":
+        text = importer.to_json(draft)
+    if out_file is None:
+        click.echo(text, nl=False)
+    else:
+        write_rendered({Path(out_file).name: text}, Path(out_file).parent)
+        click.echo(f"wrote {out_file}", err=True)
+    guesses = sum(len(w) for w in draft.guessed.values())
+    if guesses:
+        click.echo(f"{guesses} value(s) guessed: see the '# guessed:' comments", err=True)
 
 
 # ---------------------------------------------------------------- rollout (docs/levers.md)

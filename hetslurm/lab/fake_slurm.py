@@ -36,6 +36,7 @@ from hetslurm.slurm.backend import (
     PartitionInfo,
     QosInfo,
     SlurmBackend,
+    SwitchInfo,
 )
 from hetslurm.slurm.sacct import SacctRecords, parse_sacct_document
 from hetslurm.slurm.units import GresItem
@@ -66,6 +67,7 @@ class FakeSlurm(SlurmBackend):
         first_job_id: int = 1,
         config: Mapping[str, str] | None = None,
         accounting: SacctRecords | None = None,
+        topology: Iterable[SwitchInfo] = (),
     ) -> None:
         self._nodes: dict[str, NodeInfo] = {n.name: n for n in nodes}
         self._jobs: dict[int, JobInfo] = {j.job_id: j for j in jobs}
@@ -85,6 +87,7 @@ class FakeSlurm(SlurmBackend):
         #: What sdiag would print: submissions are counted (taking no time) until a reset.
         self.stats = _zero_stats()
         self._accounting = accounting or SacctRecords([])
+        self._topology = list(topology)
 
     # ---------------------------------------------------------------- reading
     def nodes(self) -> list[NodeInfo]:
@@ -107,6 +110,9 @@ class FakeSlurm(SlurmBackend):
 
     def qos(self) -> list[QosInfo]:
         return list(self._qos)
+
+    def topology(self) -> list[SwitchInfo]:
+        return list(self._topology)
 
     def _resolve(self, job_id: JobRef) -> int:
         for j in self._jobs.values():

@@ -31,6 +31,7 @@ from hetslurm.slurm.backend import (
     SlurmBackend,
     Submission,
     Switches,
+    SwitchInfo,
 )
 from hetslurm.slurm.units import UNLIMITED, GresItem, Unlimited
 
@@ -55,6 +56,7 @@ __all__ = [
     "RpcStats",
     "SlurmBackend",
     "Submission",
+    "SwitchInfo",
     "Switches",
     "Unlimited",
     "get_backend",

@@ -80,6 +80,11 @@ class NodeInfo:
     gres_total: Mapping[GresKey, int] = field(default_factory=dict)
     gres_used: Mapping[GresKey, int] = field(default_factory=dict)
     gres_used_indices: Mapping[GresKey, tuple[int, ...]] = field(default_factory=dict)
+    #: The node's configured layout (``Sockets``/``CoresPerSocket``/``ThreadsPerCore``);
+    #: None where the source does not say (the fake, pyslurm). Read by ``site import``.
+    sockets: int | None = None
+    cores_per_socket: int | None = None
+    threads_per_core: int | None = None
 
     @property
     def base_state(self) -> str:
@@ -190,6 +195,17 @@ class PartitionInfo:
     default_time: Limit = None
     qos: str | None = None
     tres: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SwitchInfo:
+    """A switch of ``topology/tree`` as ``scontrol show topology`` prints it: a leaf lists
+    nodes, an upper switch lists switches."""
+
+    name: str
+    nodes: tuple[str, ...] = ()
+    switches: tuple[str, ...] = ()
+    link_speed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -389,6 +405,10 @@ class SlurmBackend(abc.ABC):
     def config(self) -> dict[str, str]:
         """The controller's running configuration, key -> value as Slurm prints it."""
         raise self._unsupported("reading the controller's configuration")
+
+    def topology(self) -> list[SwitchInfo]:
+        """The switch tree of ``topology/tree``; empty when the cluster has none."""
+        raise self._unsupported("reading the switch topology")
 
     def ping(self) -> str | None:
         """None when slurmctld answers, else why not (one line)."""

@@ -41,6 +41,7 @@ from hetslurm.slurm.backend import (
     SlurmBackend,
     Submission,
     Switches,
+    SwitchInfo,
 )
 from hetslurm.slurm.sacct import SacctRecords, parse_sacct_document
 
@@ -212,6 +213,9 @@ class CliBackend(SlurmBackend):
         return parse.parse_scontrol_partitions(
             self._run("scontrol", "show", "partition", "-o").stdout
         )
+
+    def topology(self) -> list[SwitchInfo]:
+        return parse.parse_scontrol_topology(self._run("scontrol", "show", "topology").stdout)
 
     def qos(self) -> list[QosInfo]:
         return parse.parse_sacctmgr_qos(self._run("sacctmgr", "show", "qos", "-P").stdout)

@@ -30,6 +30,7 @@ from hetslurm.slurm.backend import (
     QosInfo,
     RpcStats,
     Switches,
+    SwitchInfo,
 )
 from hetslurm.slurm.units import GresItem
 
@@ -232,6 +233,9 @@ def _node_from_parts(
     partitions: Iterable[str],
     gres: str | None,
     gres_used: str | None,
+    sockets: int | None = None,
+    cores_per_socket: int | None = None,
+    threads_per_core: int | None = None,
 ) -> NodeInfo:
     used = units.parse_gres(gres_used)
     return NodeInfo(
@@ -249,6 +253,9 @@ def _node_from_parts(
         gres_total=units.gres_counts(units.parse_gres(gres)),
         gres_used=units.gres_counts(used),
         gres_used_indices=units.gres_indices(used),
+        sockets=units.int_or_none(sockets) or None,
+        cores_per_socket=units.int_or_none(cores_per_socket) or None,
+        threads_per_core=units.int_or_none(threads_per_core) or None,
     )
 
 
@@ -309,6 +316,11 @@ def parse_sinfo_json(text: str | bytes, what: str = "sinfo --json") -> list[Node
                 partitions=n.strings("partitions"),
                 gres=gres,
                 gres_used=gres_used,
+                # "cores" is per socket in both 22.05's sinfo and v0.0.42 (cpus = 8,
+                # sockets = 2, cores = 4 in tests/data/slurm/24.11/scontrol-show-node.json).
+                sockets=n.uint("sockets"),
+                cores_per_socket=n.uint("cores"),
+                threads_per_core=n.uint("threads"),
             )
         )
     return out
@@ -548,6 +560,9 @@ def parse_scontrol_nodes(text: str) -> list[NodeInfo]:
                 partitions=_split_list(_first(rec, "Partitions")),
                 gres=_first(rec, "Gres"),
                 gres_used=_first(rec, "GresUsed"),
+                sockets=_int(_first(rec, "Sockets")),
+                cores_per_socket=_int(_first(rec, "CoresPerSocket")),
+                threads_per_core=_int(_first(rec, "ThreadsPerCore")),
             )
         )
     return out
@@ -819,6 +834,24 @@ def parse_slurm_version(text: str) -> tuple[int, int, int]:
 
 
 # ------------------------------------------------------------------- small listings
+def parse_scontrol_topology(text: str) -> list[SwitchInfo]:
+    """Switches from ``scontrol show topology`` (``SwitchName=leaf1 Level=0 LinkSpeed=1
+    Nodes=gpu[1-4]``, one per line); lines without ``SwitchName=`` (the message printed
+    when no topology plugin is configured) are skipped."""
+    out = []
+    for rec in scontrol_records(text):
+        name = _first(rec, "SwitchName")
+        if not name:
+            continue
+        out.append(SwitchInfo(
+            name=name,
+            nodes=units.expand_hostlist(_first(rec, "Nodes")),
+            switches=units.expand_hostlist(_first(rec, "Switches")),
+            link_speed=_int(_first(rec, "LinkSpeed")),
+        ))
+    return out
+
+
 def parse_scontrol_config(text: str) -> dict[str, str]:
     """``scontrol show config`` (``Key = value`` lines) to a dict.
 

@@ -87,6 +87,7 @@ OPTIONS: list[tuple[str, str, list[str], str]] = [
     ("simulate", "--validate", ["simulate", "--validate", BAD], "workload file"),
     ("act requeue-stalled", "--site", ["act", "requeue-stalled", "--site", BAD], "site file"),
     ("rebalance", "--site", ["rebalance", "--site", BAD], "site file"),
+    ("site import", "--gres-conf", ["site", "import", "--gres-conf", BAD], "gres.conf"),
 ]
 
 # File options that are not read as user input text, and why.
@@ -98,7 +99,7 @@ NOT_INPUT = {
     # slurmctld's log: its tail is read with bad bytes replaced (a log is not ours to refuse).
     ("hook check", "--log"),
     # Outputs.
-    ("audit", "--out"), ("state dump", "--out"),
+    ("audit", "--out"), ("state dump", "--out"), ("site import", "--out"),
     # Scripts are passed on as bytes (Slurm does); see test_explain_script_* below.
     ("explain", "JOB_SCRIPT"),
     # A sacct JSON file is read as bytes and judged as sacct's output; see below.

@@ -326,7 +326,8 @@ def test_format_options_share_one_help_and_the_three_formats() -> None:
 def test_backend_and_state_defaults_are_the_named_ones() -> None:
     defaults = {(p, o.name): o.default for p, o in _all_options()
                 if o.name in ("backend", "state_spec")}
-    assert defaults == {("status", "backend"): "auto", ("act requeue-stalled", "backend"): "cli",
+    assert defaults == {("status", "backend"): "auto", ("site import", "backend"): "auto",
+                        ("act requeue-stalled", "backend"): "cli",
                         ("rebalance", "backend"): "cli", ("collect", "backend"): "cli",
                         ("place", "state_spec"): "live",
                         ("explain", "state_spec"): "empty"}
