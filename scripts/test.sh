@@ -29,6 +29,7 @@ done
 # layer's reads, audit against sacct, requeue, ranked fallback, the testbed's own life.
 RELEASE_TIER=(
     tests/cluster/test_backend_contract.py
+    tests/cluster/test_site_import_live.py
     tests/cluster/test_testbed_jobs.py
     tests/cluster/test_hook_cluster.py
     tests/cluster/test_metrics_collect.py

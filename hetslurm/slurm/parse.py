@@ -837,16 +837,19 @@ def parse_slurm_version(text: str) -> tuple[int, int, int]:
 def parse_scontrol_topology(text: str) -> list[SwitchInfo]:
     """Switches from ``scontrol show topology`` (``SwitchName=leaf1 Level=0 LinkSpeed=1
     Nodes=gpu[1-4]``, one per line); lines without ``SwitchName=`` (the message printed
-    when no topology plugin is configured) are skipped."""
+    when no topology plugin is configured) are skipped. A switch above others prints every
+    node of its subtree as ``Nodes=`` (22.05, tried): only a leaf (no ``Switches=``) keeps its
+    nodes, so each node hangs under exactly one switch, as in topology.conf."""
     out = []
     for rec in scontrol_records(text):
         name = _first(rec, "SwitchName")
         if not name:
             continue
+        below = units.expand_hostlist(_first(rec, "Switches"))
         out.append(SwitchInfo(
             name=name,
-            nodes=units.expand_hostlist(_first(rec, "Nodes")),
-            switches=units.expand_hostlist(_first(rec, "Switches")),
+            nodes=() if below else units.expand_hostlist(_first(rec, "Nodes")),
+            switches=below,
             link_speed=_int(_first(rec, "LinkSpeed")),
         ))
     return out

@@ -12,8 +12,19 @@ from pathlib import Path
 
 from hetslurm.process import run_command
 from hetslurm.site import Site
+from hetslurm.slurm import versions
 from hetslurm.testbed import Testbed
 from hetslurm.testbed.procs import marked_pids
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+def release_under_test() -> versions.Release:
+    """The release the session's testbed runs (what conftest's fixture brings up), known at
+    collection time, so a test module can generate just the tests that apply to it."""
+    tb = Testbed(os.environ.get("HETSLURM_TEST_TESTBED_DIR", _ROOT / ".testbed-tests"),
+                 slurm=os.environ.get("HETSLURM_TEST_SLURM") or None)
+    return versions.release(tb.slurm_release)
 
 
 class Jobs:

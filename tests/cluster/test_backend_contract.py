@@ -4,24 +4,18 @@ call the backend makes is in the OpenAPI document the testbed's own slurmrestd s
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 from _backend_contract import CHECKS, check_job_lifecycle
-from _cluster_helpers import Jobs
+from _cluster_helpers import Jobs, release_under_test
 
-from hetslurm.slurm import SlurmBackend, get_backend, versions
+from hetslurm.slurm import SlurmBackend, get_backend
 from hetslurm.slurm.rest_backend import RestAuthError, RestBackend, RestError, missing_operations
 from hetslurm.testbed import Testbed
 
-ROOT = Path(__file__).resolve().parents[2]
 #: The release the session's testbed runs (what conftest's fixture brings up).
-RELEASE = versions.release(Testbed(os.environ.get("HETSLURM_TEST_TESTBED_DIR",
-                                                  ROOT / ".testbed-tests"),
-                                   slurm=os.environ.get("HETSLURM_TEST_SLURM") or None
-                                   ).slurm_release)
+RELEASE = release_under_test()
 #: Where the release's slurmrestd serves the API the REST backend speaks (not 22.05).
 REST = RELEASE.rest_api is not None
 

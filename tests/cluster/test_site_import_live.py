@@ -12,6 +12,8 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
+import pytest
+from _cluster_helpers import release_under_test
 from click.testing import CliRunner
 
 from hetslurm.cli import cli
@@ -38,11 +40,18 @@ def _render_whole(site_file: Path, out: Path) -> Path:
     return out
 
 
+#: The backends a live import goes through on this release (REST where slurmrestd serves
+#: the API the REST backend speaks: 24.11 and 26.05).
+BACKENDS = ["cli", "rest"] if release_under_test().rest_api else ["cli"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_live_import_renders_the_testbeds_nodes_gres_and_partitions(
-        testbed: Testbed, cli_env: dict[str, str], tmp_path: Path) -> None:
+        testbed: Testbed, cli_env: dict[str, str], tmp_path: Path, backend: str) -> None:
     site_file = tmp_path / "live.toml"
-    text = _import(["--backend", "cli", "--gres-conf", str(testbed.etc / "gres.conf")],
-                   cli_env, site_file)
+    env = {**cli_env, **testbed.rest_env(lifespan_s=600)} if backend == "rest" else cli_env
+    text = _import(["--backend", backend, "--gres-conf", str(testbed.etc / "gres.conf")],
+                   env, site_file)
     again = _render_whole(site_file, tmp_path / "again")
     want = importer.conf_view(testbed.etc, files=False, partition_keys=LIVE_PARTITION_KEYS)
     got = importer.conf_view(again, files=False, partition_keys=LIVE_PARTITION_KEYS)

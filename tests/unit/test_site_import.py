@@ -372,11 +372,14 @@ def test_node_layout_is_read_from_slurms_output() -> None:
 
 
 def test_scontrol_show_topology() -> None:
+    # As 22.05 prints it (tried on the testbed): the spine repeats its subtree's nodes.
     text = ("SwitchName=leaf1 Level=0 LinkSpeed=1 Nodes=gpu[1-4]\n"
-            "SwitchName=spine Level=1 LinkSpeed=1 Switches=leaf[1-2]\n")
+            "SwitchName=leaf2 Level=0 LinkSpeed=1 Nodes=cpu[1-4],fpga1\n"
+            "SwitchName=spine Level=1 LinkSpeed=1 Nodes=cpu[1-4],fpga1,gpu[1-4] "
+            "Switches=leaf1,leaf2\n")
     sw = parse.parse_scontrol_topology(text)
     assert sw[0] == SwitchInfo("leaf1", ("gpu1", "gpu2", "gpu3", "gpu4"), (), 1)
-    assert sw[1].switches == ("leaf1", "leaf2")
+    assert sw[2] == SwitchInfo("spine", (), ("leaf1", "leaf2"), 1)
     assert parse.parse_scontrol_topology("No topology information available\n") == []
 
 
