@@ -201,11 +201,24 @@ def _global_lines(site: Site, *, accounting: bool = True) -> list[str]:
         # is required to run with TRES gres/gpu"), so a whole conf without one omits it.
         lines.append(f"AccountingStorageTRES={accounting_tres(site)}")
     lines.append("PriorityType=priority/multifactor")
+    lines += _accounting_lines(site, accounting=accounting)
     lines += levers.global_lines(site, accounting=accounting)
     if site.switches:
         lines.append("TopologyPlugin=topology/tree")
     if site.scheduling.def_mem_per_cpu:
         lines.append(f"DefMemPerCPU={site.scheduling.def_mem_per_cpu}")
+    return lines
+
+
+def _accounting_lines(site: Site, *, accounting: bool) -> list[str]:
+    """What Slurm measures per job (``[accounting]``): task sampling for sacct/sstat, and the
+    batch script kept by slurmdbd (only where there is one)."""
+    conf = site.sections["accounting"]
+    lines = [f"JobAcctGatherType=jobacct_gather/{conf.gather}"]
+    if conf.gather != "none":
+        lines.append(f"JobAcctGatherFrequency=task={conf.gather_frequency_s}")
+    if accounting and conf.store_job_script:
+        lines.append("AccountingStoreFlags=job_script")
     return lines
 
 
@@ -400,7 +413,6 @@ def _whole_slurm_conf(site: Site, rt: Runtime) -> str:
         "ReturnToService=2",
         "MpiDefault=none",
         "SwitchType=switch/none",
-        "JobAcctGatherType=jobacct_gather/none",
         "KillWait=5",
         "InactiveLimit=0",
         "MinJobAge=300",

@@ -217,6 +217,25 @@ class Collector(_Strict):
 
 
 register_section("usage", Usage, Usage())
+
+
+class Accounting(_Strict):
+    """``[accounting]``: what Slurm measures per job, so ``sacct``/``sstat`` carry CPU, memory
+    and IO (``TRESUsageInTot``) and the batch script after the fact (docs/site-config.md).
+
+    ``gather = "linux"`` renders ``JobAcctGatherType=jobacct_gather/linux`` (reads /proc per
+    task; works with ``proctrack/linuxproc`` and with cgroups); ``"none"`` measures nothing.
+    """
+
+    gather: Annotated[str, Field(pattern=r"^(linux|none)$")] = "linux"
+    #: ``JobAcctGatherFrequency=task=N``: seconds between samples of a running task.
+    gather_frequency_s: Annotated[StrictInt, Field(ge=1, le=3600)] = 30
+    #: ``AccountingStoreFlags=job_script``: slurmdbd keeps each batch script
+    #: (``sacct --batch-script``), read by ``learn`` off the controller.
+    store_job_script: StrictBool = True
+
+
+register_section("accounting", Accounting, Accounting())
 register_section("collector", Collector, Collector())
 
 

@@ -309,3 +309,20 @@ def test_cli_render_writes_what_render_returns(tmp_path: Path, demo: Site) -> No
     assert "Include" in result.stderr
     for name, content in render(demo).items():
         assert (out / name).read_text() == content
+
+
+def test_accounting_section_sets_what_slurm_measures() -> None:
+    base = DEMO.read_text()
+    default = render(load_site(DEMO), whole=True, runtime=whole_runtime(load_site(DEMO)))
+    conf = default["slurm.conf"]
+    assert "JobAcctGatherType=jobacct_gather/linux" in conf
+    assert "JobAcctGatherFrequency=task=30" in conf and "AccountingStoreFlags=job_script" in conf
+    off = parse_site(base + '\n[accounting]\ngather = "none"\nstore_job_script = false\n')
+    conf = render(off, whole=True, runtime=whole_runtime(off))["slurm.conf"]
+    assert "JobAcctGatherType=jobacct_gather/none" in conf
+    assert "JobAcctGatherFrequency" not in conf and "AccountingStoreFlags" not in conf
+    # No slurmdbd, no stored scripts: the flag is slurmdbd's.
+    no_dbd = render(load_site(DEMO), whole=True, runtime=Runtime(state_dir="/st"))["slurm.conf"]
+    assert "AccountingStoreFlags" not in no_dbd and "jobacct_gather/linux" in no_dbd
+    with pytest.raises(Exception, match="gather"):
+        parse_site(base + '\n[accounting]\ngather = "cgroup"\n')
