@@ -555,6 +555,13 @@ class Testbed:
         SlurmUser, so it drops to nobody:nogroup (``-u``/``-g``); ``SLURM_JWT=daemon`` makes it
         pass each client's token on to slurmctld."""
         self.log("starting slurmrestd")
+        # It runs as nobody and reads slurm.conf and the files beside it: a state folder made
+        # by mkdtemp (mode 700, the benchmarks' own testbeds) would hide them. Nothing secret
+        # is readable there (munge key 400, slurmdbd.conf and the JWT key 600).
+        for d in (self.root, self.etc):
+            mode = d.stat().st_mode
+            if mode & 0o005 != 0o005:
+                d.chmod(stat.S_IMODE(mode) | 0o005)
         uid, gid = self._rest_ids()
         self._start(st, SLURMRESTD, [
             SLURMRESTD, "-a", "rest_auth/jwt", "-u", uid, "-g", gid,
