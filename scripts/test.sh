@@ -30,6 +30,7 @@ done
 RELEASE_TIER=(
     tests/cluster/test_backend_contract.py
     tests/cluster/test_site_import_live.py
+    tests/cluster/test_accounting_usage.py
     tests/cluster/test_testbed_jobs.py
     tests/cluster/test_hook_cluster.py
     tests/cluster/test_metrics_collect.py

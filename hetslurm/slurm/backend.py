@@ -466,6 +466,11 @@ class SlurmBackend(abc.ABC):
         """The batch script a job was submitted with; :class:`NotFoundError` if gone."""
         raise self._unsupported("reading a job's batch script")
 
+    def stored_batch_script(self, job_id: JobRef) -> str:
+        """The batch script slurmdbd kept for a job (``AccountingStoreFlags=job_script``),
+        also after it ended; :class:`NotFoundError` when none is stored."""
+        raise self._unsupported("reading a stored batch script")
+
     def job_output_files(self, job_id: JobRef) -> OutputFiles:
         """Where a job's stdout and stderr go; :class:`NotFoundError` if gone."""
         raise self._unsupported("reading a job's output files")

@@ -363,6 +363,15 @@ class CliBackend(SlurmBackend):
         return self._run_object(f"job {job_id}", "scontrol", "write", "batch_script",
                                 str(job_id), "-").stdout
 
+    def stored_batch_script(self, job_id: JobRef) -> str:
+        out = self._run("sacct", "--batch-script", "-j", str(job_id),
+                        timeout=ACCOUNTING_TIMEOUT_S).stdout
+        script = parse.parse_sacct_batch_script(out)
+        if script is None:
+            raise NotFoundError(f"job {job_id}: no stored batch script (AccountingStoreFlags="
+                                f"job_script, and a batch job?): {out.strip()[:160]!r}")
+        return script
+
     def job_output_files(self, job_id: JobRef) -> OutputFiles:
         out = self._run_object(f"job {job_id}", "scontrol", "show", "job", "-o", str(job_id))
         return parse.parse_job_output_files(out.stdout)

@@ -855,6 +855,18 @@ def parse_scontrol_topology(text: str) -> list[SwitchInfo]:
     return out
 
 
+def parse_sacct_batch_script(text: str) -> str | None:
+    """The script of ``sacct --batch-script -j ID`` (``Batch Script for ID``, a dashed line,
+    then the script as submitted); None when sacct printed none for the job (no stored
+    script: ``Batch Script for ID`` and then ``NONE``, or nothing)."""
+    lines = text.split("\n")
+    if len(lines) < 3 or not lines[0].startswith("Batch Script for ") or \
+            not lines[1].startswith("-----"):
+        return None
+    body = "\n".join(lines[2:])
+    return None if body.strip() in ("", "NONE") else body
+
+
 def parse_scontrol_config(text: str) -> dict[str, str]:
     """``scontrol show config`` (``Key = value`` lines) to a dict.
 

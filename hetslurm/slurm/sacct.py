@@ -93,6 +93,92 @@ class SacctJob(msgspec.Struct, gc=False):
     tres: SacctTresGroup | None = None
 
 
+# --- what a job used (jobacct_gather/linux, docs/site-config.md "[accounting]") -------------
+# Decoded only when asked for (SacctRecords.usage): the audit's million-record pass skips
+# steps in C, as before.
+
+
+class SacctSeconds(msgspec.Struct, gc=False):
+    seconds: Int64 | None = None
+    microseconds: Int64 | None = None
+
+    @property
+    def value(self) -> float:
+        return (self.seconds or 0) + (self.microseconds or 0) / 1e6
+
+
+class SacctStepTime(msgspec.Struct, gc=False):
+    #: User + system CPU time of the step (rusage: present whatever the gather plugin).
+    total: SacctSeconds | None = None
+
+
+class SacctTresUsage(msgspec.Struct, gc=False):
+    max: list[SacctTres] | None = None
+    total: list[SacctTres] | None = None
+
+
+class SacctStepTres(msgspec.Struct, gc=False):
+    #: Slurm's TRESUsageIn* (memory, bytes read) ...
+    requested: SacctTresUsage | None = None
+    #: ... and TRESUsageOut* (bytes written).
+    consumed: SacctTresUsage | None = None
+
+
+class SacctStep(msgspec.Struct, gc=False):
+    time: SacctStepTime | None = None
+    tres: SacctStepTres | None = None
+
+
+class SacctUsageRecord(msgspec.Struct, gc=False):
+    job_id: Int64
+    steps: list[SacctStep] | None = None
+
+
+class JobUsage(msgspec.Struct, gc=False, frozen=True):
+    """What one job used over all its steps: CPU seconds (user + system), the largest
+    resident memory of a task (MiB) and bytes read and written; None where the gather
+    plugin recorded nothing (``jobacct_gather/none``, or a step shorter than one sample)."""
+
+    job_id: int
+    cpu_s: float
+    max_rss_mib: float | None
+    disk_read_bytes: int | None
+    disk_write_bytes: int | None
+
+
+def _tres(items: list[SacctTres] | None, type_: str, name: str | None = None) -> int | None:
+    for t in items or ():
+        if t.type == type_ and (name is None or t.name == name) and isinstance(t.count, int):
+            return t.count
+    return None
+
+
+def _usage(rec: SacctUsageRecord) -> JobUsage:
+    cpu = 0.0
+    rss: list[int] = []
+    read: list[int] = []
+    written: list[int] = []
+    for step in rec.steps or ():
+        if step.time is not None and step.time.total is not None:
+            cpu += step.time.total.value
+        req = step.tres.requested if step.tres else None
+        out = step.tres.consumed if step.tres else None
+        if req is not None:
+            if (m := _tres(req.max, "mem")) is not None:
+                rss.append(m)
+            if (r := _tres(req.total, "fs", "disk")) is not None:
+                read.append(r)
+        if out is not None and (w := _tres(out.total, "fs", "disk")) is not None:
+            written.append(w)
+    return JobUsage(job_id=rec.job_id, cpu_s=round(cpu, 6),
+                    max_rss_mib=max(rss) / 2**20 if rss else None,
+                    disk_read_bytes=sum(read) if read else None,
+                    disk_write_bytes=sum(written) if written else None)
+
+
+_decode_usage = msgspec.json.Decoder(SacctUsageRecord).decode
+
+
 class _Document(msgspec.Struct):
     jobs: list[msgspec.Raw] | None = None
     meta: Any = None
@@ -115,6 +201,15 @@ class SacctRecords:
         """One record; :class:`SacctRecordError` when it is not a 22.05 job record."""
         try:
             return _decode_job(raw)
+        except (msgspec.MsgspecError, RecursionError) as exc:
+            raise SacctRecordError(str(exc)) from None
+
+    @staticmethod
+    def usage(raw: msgspec.Raw) -> JobUsage:
+        """What one record's job used (its steps' CPU time, memory, IO); a
+        :class:`SacctRecordError` when the record does not have that shape."""
+        try:
+            return _usage(_decode_usage(raw))
         except (msgspec.MsgspecError, RecursionError) as exc:
             raise SacctRecordError(str(exc)) from None
 
