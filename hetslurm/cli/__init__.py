@@ -70,6 +70,7 @@ def _register() -> None:
         explain_cmd,
         exporter_cmd,
         hook_cmd,
+        learn_cmd,
         place_cmd,
         rebalance_cmd,
         simulate_cmd,
@@ -81,7 +82,8 @@ def _register() -> None:
     for command in (site_cmd.site, testbed_cmd.testbed, status_cmd.status, bench_cmd.bench,
                     hook_cmd.hook, explain_cmd.explain_cmd, collect_cmd.collect,
                     audit_cmd.audit_cmd, exporter_cmd.exporter, place_cmd.place_cmd,
-                    place_cmd.state, simulate_cmd.simulate, act_cmd.act, rebalance_cmd.rebalance):
+                    place_cmd.state, simulate_cmd.simulate, act_cmd.act, rebalance_cmd.rebalance,
+                    learn_cmd.learn):
         cli.add_command(command)
 
 
