@@ -107,6 +107,34 @@ def bench_backend_cmd(calls: int, backends: str, output_format: str) -> None:
     emit(res["rows"], output_format, title="backend cost per call", document=res)
 
 
+@bench.command("accounting")
+@shipped_site_option("demo.toml", "demo site")
+@click.option("--jobs", type=click.IntRange(1, 1000), default=16, show_default=True,
+              help="One-core jobs run at once under each setting.")
+@click.option("--seconds", type=click.IntRange(1, 3600), default=65, show_default=True,
+              help="How long each job runs (65 s: two samples at the default 30 s).")
+@click.option("--submits", type=click.IntRange(1, 100_000), default=200, show_default=True,
+              help="Held submissions timed in slurmctld (sdiag) under each setting.")
+@click.option("--slurm", "slurm_release", default=None,
+              help="Slurm release of the testbeds (22.05, 24.11, 26.05) [default: the host's].")
+@format_option
+def bench_accounting_cmd(site_file: str, jobs: int, seconds: int, submits: int,
+                         slurm_release: str | None, output_format: str) -> None:
+    """What jobacct_gather/linux costs, against jobacct_gather/none, side by side.
+
+    For each setting boots a testbed of its own (temporary folder; needs root), times the
+    controller's submit path (sdiag, held jobs), then runs the jobs at once and adds up the
+    CPU seconds of the testbed's slurmctld, slurmd and slurmstepd over that run. Rows: one
+    per setting; the JSON adds ratio_linux_vs_none.
+    """
+    from hetslurm.lab.bench_accounting import bench_accounting
+
+    res = bench_accounting(site_file, jobs=jobs, seconds=seconds, submits=submits,
+                           slurm=slurm_release,
+                           log=lambda m: click.echo(f"bench accounting: {m}", err=True))
+    emit(res["rows"], output_format, title="jobacct_gather cost", document=res)
+
+
 @bench.command("hook")
 @shipped_site_option("demo.toml", "demo site")
 @click.option("--calls", type=click.IntRange(100, 10_000_000), default=20_000, show_default=True,

@@ -61,6 +61,8 @@ REST_USER, REST_GROUP = "nobody", "nogroup"
 REST_TOKEN_LIFESPAN_S = 24 * 3600
 #: Forked by slurmctld (and slurmstepd by slurmd); ours when they carry the testbed's mark.
 SLURMSCRIPTD = "slurmscriptd"
+#: Forked by slurmd for each job step (the benchmarks count its CPU time).
+SLURMSTEPD = "slurmstepd"
 
 
 DIR_ENV = "HETSLURM_TESTBED_DIR"

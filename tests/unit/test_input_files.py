@@ -88,6 +88,8 @@ OPTIONS: list[tuple[str, str, list[str], str]] = [
     ("act requeue-stalled", "--site", ["act", "requeue-stalled", "--site", BAD], "site file"),
     ("rebalance", "--site", ["rebalance", "--site", BAD], "site file"),
     ("site import", "--gres-conf", ["site", "import", "--gres-conf", BAD], "gres.conf"),
+    ("learn speeds", "--site", ["learn", "speeds", "--site", BAD], "site file"),
+    ("bench accounting", "--site", ["bench", "accounting", "--site", BAD], "site file"),
 ]
 
 # File options that are not read as user input text, and why.
@@ -100,10 +102,11 @@ NOT_INPUT = {
     ("hook check", "--log"),
     # Outputs.
     ("audit", "--out"), ("state dump", "--out"), ("site import", "--out"),
+    ("learn speeds", "--out"),
     # Scripts are passed on as bytes (Slurm does); see test_explain_script_* below.
     ("explain", "JOB_SCRIPT"),
     # A sacct JSON file is read as bytes and judged as sacct's output; see below.
-    ("audit", "--sacct-file"),
+    ("audit", "--sacct-file"), ("learn speeds", "--sacct-file"),
 }
 
 

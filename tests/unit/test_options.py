@@ -309,7 +309,7 @@ def test_site_options_differ_only_by_their_named_variant() -> None:
         assert opt.help is not None and opt.help.startswith(SITE_HELP)
         assert opt.default is None and not opt.required
     # Benchmarks whose figures are documented on one shipped site default to it.
-    assert set(shipped) == {"bench testbed", "bench hook", "bench simulate"}
+    assert set(shipped) == {"bench testbed", "bench hook", "bench simulate", "bench accounting"}
 
 
 def test_format_options_share_one_help_and_the_three_formats() -> None:

@@ -31,7 +31,8 @@ SLURM_PROGRAMS = frozenset({
     "slurmctld", "slurmd", "slurmdbd", "slurmrestd", "slurmscriptd", "slurmstepd",
 })
 
-DAEMONS = frozenset({"slurmctld", "slurmd", "slurmdbd", "slurmscriptd", "slurmrestd"})
+DAEMONS = frozenset({"slurmctld", "slurmd", "slurmdbd", "slurmscriptd", "slurmrestd",
+                     "slurmstepd"})
 
 #: Where a module outside the access layer may still name a program: (module, scope) ->
 #: the names allowed there. A scope is ``<module>`` (module-level statements only, not
