@@ -40,6 +40,7 @@ def test_learn_speeds_recovers_the_model_factor(jobs: Jobs, cli_env: dict[str, s
     doc = json.loads(res.stdout)
     rows = {(r["class"], r["model"]): r for r in (doc["rows"] if isinstance(doc, dict) else doc)}
     a100 = rows[("-", "a100")]
+    print(json.dumps([rows[("-", "h100")], a100]))
     assert rows[("-", "h100")]["ratio"] == 1.0
     assert abs(a100["ratio"] - 0.5) <= 0.05, a100
     assert a100["n"] >= 8 and rows[("-", "h100")]["n"] >= 8
