@@ -34,6 +34,15 @@ def parse_when(text: str, now: float) -> float:
         raise click.BadParameter(f"'{text}' is not a time (epoch, ISO 8601 or now-2h)") from exc
 
 
+def time_range(since: str, until: str) -> tuple[float, float]:
+    """``--since``/``--until`` as epoch seconds; a usage error when the range is empty."""
+    now = time.time()
+    t0, t1 = parse_when(since, now), parse_when(until, now)
+    if t1 <= t0:
+        raise click.BadParameter("--until must be after --since", param_hint="--until")
+    return t0, t1
+
+
 @click.command("audit")
 @site_option(when_missing="defaults")
 @click.option("--since", default="now-1d", show_default=True,
@@ -91,10 +100,7 @@ def audit_cmd(site_file: str | None, since: str, until: str, store: str | None,
                                      param_hint="--table")
     if output_format == "parquet" and not out_path:
         raise click.UsageError("--format parquet needs --out DIR")
-    now = time.time()
-    t0, t1 = parse_when(since, now), parse_when(until, now)
-    if t1 <= t0:
-        raise click.BadParameter("--until must be after --since", param_hint="--until")
+    t0, t1 = time_range(since, until)
     path = site_path_or_none(site_file)
     site = load_site(path) if path else None
     usage: Usage = site.sections["usage"] if site is not None else Usage()

@@ -47,16 +47,13 @@ def speeds_cmd(site_file: str | None, since: str, until: str, sacct_file: str | 
     """
     from hetslurm.audit.sacct import parse_sacct_json, read_accounting, sacct_result
     from hetslurm.audit.speeds import learn_speeds, speed_section
-    from hetslurm.cli.audit_cmd import parse_when
+    from hetslurm.cli.audit_cmd import time_range
     from hetslurm.errors import ConfigError, MetricsError
     from hetslurm.site import load_site
     from hetslurm.site.render import write_rendered
     from hetslurm.textfile import MAX_DATA_BYTES, read_file_bytes
 
-    now = time.time()
-    t0, t1 = parse_when(since, now), parse_when(until, now)
-    if t1 <= t0:
-        raise click.BadParameter("--until must be after --since", param_hint="--until")
+    t0, t1 = time_range(since, until)
     path = site_path_or_none(site_file)
     site = load_site(path) if path else None
     try:

@@ -258,8 +258,9 @@ class RestBackend(CliBackend):
     # ------------------------------------------------------------------ reading
     def nodes(self) -> list[NodeInfo]:
         doc = self._request("nodes")
-        self._threads = _threads(doc)
-        return parse.parse_sinfo_json(json.dumps(doc), what=f"REST {OPERATIONS['nodes'].path}")
+        nodes = parse.parse_sinfo_json(json.dumps(doc), what=f"REST {OPERATIONS['nodes'].path}")
+        self._threads = {n.name: n.threads_per_core or 1 for n in nodes}
+        return nodes
 
     def node(self, name: str) -> NodeInfo:
         try:
@@ -279,7 +280,8 @@ class RestBackend(CliBackend):
 
     def _node_threads(self) -> dict[str, int]:
         if self._threads is None:
-            self._threads = _threads(self._request("nodes"))
+            self.nodes()
+        assert self._threads is not None
         return self._threads
 
     def _jobs_from(self, doc: Mapping[str, Any]) -> list[JobInfo]:
@@ -375,15 +377,6 @@ class RestBackend(CliBackend):
                 self.cancel(j)
             except NotFoundError:
                 continue  # scancel of many ids also skips the ones gone meanwhile
-
-
-def _threads(doc: Mapping[str, Any]) -> dict[str, int]:
-    out = {}
-    for n in doc.get("nodes") or []:
-        if isinstance(n, Mapping) and isinstance(n.get("name"), str):
-            t = n.get("threads")
-            out[n["name"]] = t if isinstance(t, int) and t > 0 else 1
-    return out
 
 
 __all__ = ["API", "JWT_ENV", "OPERATIONS", "REST_URL_ENV", "RestAuthError", "RestBackend",

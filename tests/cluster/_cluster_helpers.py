@@ -19,12 +19,18 @@ from hetslurm.testbed.procs import marked_pids
 _ROOT = Path(__file__).resolve().parents[2]
 
 
+def session_testbed() -> Testbed:
+    """The session's testbed (not brought up): its folder is ``.testbed-tests`` in the
+    checkout or ``$HETSLURM_TEST_TESTBED_DIR``; its release the host's or
+    ``$HETSLURM_TEST_SLURM`` (24.11|26.05, from its cached root)."""
+    return Testbed(os.environ.get("HETSLURM_TEST_TESTBED_DIR", _ROOT / ".testbed-tests"),
+                   slurm=os.environ.get("HETSLURM_TEST_SLURM") or None)
+
+
 def release_under_test() -> versions.Release:
     """The release the session's testbed runs (what conftest's fixture brings up), known at
     collection time, so a test module can generate just the tests that apply to it."""
-    tb = Testbed(os.environ.get("HETSLURM_TEST_TESTBED_DIR", _ROOT / ".testbed-tests"),
-                 slurm=os.environ.get("HETSLURM_TEST_SLURM") or None)
-    return versions.release(tb.slurm_release)
+    return versions.release(session_testbed().slurm_release)
 
 
 class Jobs:

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _cluster_helpers import Jobs
+from _cluster_helpers import Jobs, session_testbed
 
 from hetslurm.site import Site, load_site
 from hetslurm.slurm import versions
@@ -39,9 +39,7 @@ def demo_site() -> Site:
 def testbed() -> Iterator[Testbed]:
     if os.geteuid() != 0:
         pytest.fail("cluster tests need root (the testbed starts Slurm daemons)")
-    root = Path(os.environ.get("HETSLURM_TEST_TESTBED_DIR", ROOT / ".testbed-tests"))
-    # HETSLURM_TEST_SLURM=24.11|26.05: the same tests on that release, from its cached root.
-    tb = Testbed(root, slurm=os.environ.get("HETSLURM_TEST_SLURM") or None)
+    tb = session_testbed()
     tb.up(DEMO)
     yield tb
     tb.down()
