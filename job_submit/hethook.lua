@@ -30,6 +30,7 @@ local pcall = pcall
 local type = type
 local pairs = pairs
 local ipairs = ipairs
+local next = next
 
 local M = {}
 
@@ -459,6 +460,7 @@ local function canonical(req, no_gpu_count)
   -- Each part is "" or " key=value"; one concatenation joins them (no list, no sprintf).
   local nodes, gpus, gtype, gmem, fpga, cores, mem, loc, wait, class, prio, energy, nr, idle =
     "", "", "", "", "", "", "", "", "", "", "", "", "", ""
+  local wfor = ""
   if req.nodes ~= 1 then nodes = " nodes=" .. decimal(req.nodes) end
   if no_gpu_count then
     -- the count came from the job's own --gres/--gpus, not from the request
@@ -490,8 +492,12 @@ local function canonical(req, no_gpu_count)
   if req.energy ~= "normal" then energy = " energy=" .. req.energy end
   if req.no_requeue then nr = " no-requeue" end
   if req.on_idle then idle = " on-idle=" .. req.on_idle end
+  if req.wait_for then
+    wfor = " wait-for=" .. req.wait_for
+    if req.wait_for_max_s then wfor = wfor .. ",max=" .. decimal(req.wait_for_max_s) end
+  end
   return string_sub(nodes .. gpus .. gtype .. gmem .. fpga .. cores .. mem .. loc .. wait .. class
-    .. prio .. energy .. nr .. idle, 2)
+    .. prio .. energy .. nr .. idle .. wfor, 2)
 end
 M.canonical = canonical
 
@@ -761,10 +767,20 @@ local function fast_decide(job, rules, hetreq, source, text)
     return nil
   end
   local partition, qos = cls.partition, cls.qos
-  local job_partition = partition and job.partition
+  local ranked = n > 0 and cls.rank
+  if ranked then
+    local min_nodes = job.min_nodes
+    if type(min_nodes) == "number" and min_nodes < NO_VAL and min_nodes > 1 then
+      return nil -- several nodes: the general path weighs them against each model's nodes
+    end
+  end
+  local job_partition = (partition or ranked) and job.partition
   local job_qos = qos and job.qos
   if job_partition ~= nil or job_qos ~= nil then
     return nil
+  end
+  if ranked then
+    partition = ranked
   end
 
   local d = { action = "none", nw = 0, writes = nil, record = nil, done = nil, notes = nil,
@@ -800,13 +816,61 @@ end
 
 -- The meaning of a request: resolve ------------------------------------------------------------
 
+-- Ranked fallback (docs/fallback.md): a job that accepts several GPU models goes to the
+-- per-model partitions of the partition it runs in, in its own order; Slurm then takes the
+-- first model free now and falls back at once (equal PriorityTier, measured on every release).
+-- The partition it runs in: the class's, else the job's own, else the site's default; a job
+-- whose own partition differs from its class's keeps its own and falls back by node weight.
+local function rank(r, req, rules, jpart, jnodes)
+  local models = r.gpu_models
+  if not r.gpu_job or r.gpu_typed_explicit or not models or #models < 2 then
+    return
+  end
+  local base = r.partition
+  if jpart ~= nil then
+    if base ~= nil and jpart ~= base then
+      return
+    end
+    base = jpart
+  end
+  base = base or rules.default_partition
+  local of = base and rules.ranked[base]
+  if not of then
+    return
+  end
+  -- A job runs in one partition: a per-model partition with fewer nodes than the job asks
+  -- for cannot hold it (a job wider than every model's nodes keeps the feature OR, which
+  -- lets it span models).
+  local nodes = jnodes or req.nodes
+  local sizes = rules.ranked_nodes
+  local list, n = {}, 0
+  for _, m in ipairs(models) do
+    local p = of[m]
+    if p and sizes[p] >= nodes then
+      n = n + 1
+      list[n] = p
+    end
+  end
+  if n < 2 then
+    return
+  end
+  r.rank_all = table_concat(list, ",")
+  if req.wait_for then
+    r.partitions = list[1]
+  else
+    r.partitions = r.rank_all
+  end
+end
+
 -- resolve(req, given, rules, gx, fx, d, loc) -> r, or nil, family, message
 -- What a parsed request means on this site, written once: Python's `resolve` runs this same
 -- function (hetslurm.request.language), so explain, place, simulate and relax read the
 -- meaning slurmctld enforces. req: hetreq.parse's table; given: the keys the text named; gx,
 -- fx: the job's own GPU and FPGA requests (explicit_devices; nil from Python); d: the decision,
 -- which collects notes and kept fields; loc(key): the message prefix for where a key was given
--- ("#HET line 3: " in the hook, "" from Python). The result r:
+-- ("#HET line 3: " in the hook, "" from Python); jpart: the job's own --partition (nil: none,
+-- or Python asking about the class's or the default partition); jnodes: the job's own -N
+-- (nil: the request's nodes=). The result r:
 --   cls                 the class entry of rules.classes (or nil)
 --   gpu_job, gpu_count  GPUs asked for, per node (gpu_count nil when the job's own option counts)
 --   gpu_models          the models enforced, in preference order ({}: any model)
@@ -815,8 +879,12 @@ end
 --   fpga_job, fpga_models, fpga_typed_explicit   likewise for FPGAs
 --   cpu_only            the class runs on CPU-only nodes
 --   partition, qos      from the class; qos from priority= when the site maps it
+--   partitions          ranked fallback: the per-model partitions the job is submitted to, in
+--                       its order ("gpu_a100,gpu_h100"; only the first with wait-for=first),
+--                       or nil (docs/fallback.md)
+--   rank_all            the whole ranked list (what relax widens a wait-for=first job to)
 -- family is a key of codes(): the errno family of the mistake.
-local function resolve(req, given, rules, gx, fx, d, loc)
+local function resolve(req, given, rules, gx, fx, d, loc, jpart, jnodes)
   -- Models named in the request exist on this site (checked first).
   if given["gpu-type"] and #req.gpu_models > 0 then
     local bad = model_check(req.gpu_models, rules.gpu_models, "GPU", "gpu-type", rules.site)
@@ -966,6 +1034,11 @@ local function resolve(req, given, rules, gx, fx, d, loc)
     qos = cls and cls.qos or nil
   end
   r.qos = qos
+  rank(r, req, rules, jpart, jnodes)
+  if req.wait_for and not r.partitions then
+    note(d, loc("wait-for") .. "wait-for=first has no effect: the job has no ranked GPU "
+      .. "list to fall back along here (one model, any model, or its own partition)")
+  end
   return r
 end
 M.resolve = resolve
@@ -1192,6 +1265,25 @@ local function stage_requeue(d, job, req, loc)
   end
 end
 
+-- A job may not name a per-model partition of ranked fallback itself: that would bypass the
+-- class order (and, on a site that relies on it, the hook). The message, or nil.
+local function internal_partition(partition, rules)
+  if type(partition) ~= "string" then
+    return nil
+  end
+  for p in string_gmatch(partition, "[^,]+") do
+    local info = rules.internal[p]
+    if info then
+      return string_format("hetslurm: partition %s holds partition %s's %s nodes for "
+        .. "hetslurm's ranked fallback and is not submitted to directly; use -p %s with "
+        .. "#HET gpu-type=%s (or --gres=gpu:%s:N)", p, info.base, info.model, info.base,
+        info.model, info.model)
+    end
+  end
+  return nil
+end
+M.internal_partition = internal_partition
+
 -- The decision: parse -> resolve -> stage -> record ------------------------------------------
 
 -- decide(job, rules, hetreq, slurm) -> decision table (see docs/hook.md):
@@ -1204,6 +1296,11 @@ function M.decide(job, rules, hetreq, slurm)
   local forged = reserved_text(job, rules.record)
   if forged then
     return reject({ action = "none", nw = 0 }, C.access, forged)
+  end
+  local internal = rules.internal
+  internal = internal and next(internal) and internal_partition(job.partition, rules)
+  if internal then
+    return reject({ action = "none", nw = 0 }, C.access, internal)
   end
   local source, text, lines, err = request_text(job)
   if not source and not err then
@@ -1258,7 +1355,11 @@ function M.decide(job, rules, hetreq, slurm)
   end
 
   -- Resolve.
-  local r, family, message = resolve(req, given, rules, gx, fx, d, loc)
+  local jpart, jnodes = job.partition, job.min_nodes
+  if type(jnodes) ~= "number" or jnodes >= NO_VAL then
+    jnodes = nil
+  end
+  local r, family, message = resolve(req, given, rules, gx, fx, d, loc, jpart, jnodes)
   if not r then
     return reject(d, C[family], message)
   end
@@ -1268,8 +1369,10 @@ function M.decide(job, rules, hetreq, slurm)
   if conflict then
     return reject(d, C.feature, conflict)
   end
-  if r.partition then
-    stage_or_keep(d, "partition", r.partition, job.partition, loc("class"), "--partition",
+  if r.partitions then
+    stage(d, "partition", r.partitions, jpart)
+  elseif r.partition then
+    stage_or_keep(d, "partition", r.partition, jpart, loc("class"), "--partition",
       "class=" .. req.workload_class .. "'s partition " .. r.partition)
   end
   if req.priority == "high" and not may_use_high(job, rules) then
@@ -1390,6 +1493,16 @@ function M.check_modify(job, job_rec, modify_uid, rules, slurm)
   local C = codes(slurm)
   if rules.modify_exempt[modify_uid] then
     return nil
+  end
+  local internal = rules.internal
+  if internal and next(internal) then
+    local new_part = job.partition
+    if type(new_part) == "string" and new_part ~= job_rec.partition then
+      local msg = internal_partition(new_part, rules)
+      if msg then
+        return C.access, msg
+      end
+    end
   end
   local comment = job.comment
   if type(comment) == "string" and string_sub(comment, 1, #M.COMMENT_PREFIX) == M.COMMENT_PREFIX

@@ -34,7 +34,7 @@ M.VERSION = 1
 
 -- A Slurm job comment holds at most 1024 bytes; srun/salloc carry the request there.
 M.MAX_BYTES = 1024
--- 15 keys exist and none may repeat, so more tokens than this is always a mistake.
+-- 16 keys exist and none may repeat, so more tokens than this is always a mistake.
 M.MAX_TOKENS = 32
 -- Alternatives in one any-of list (gpu-type=a|b|c, fpga=a|b:N).
 M.MAX_MODELS = 16
@@ -49,6 +49,7 @@ M.LIMITS = {
   cores_per_node = 16384,    -- 16 sockets x 1024 cores, the site schema's largest node
   mem_mib = 67108864,        -- 64 TiB, the site schema's MAX_MEMORY_MIB
   switch_wait_s = 86400,     -- one day; the site's max_switch_wait caps it further in Slurm
+  wait_for_max_s = 604800,   -- one week: wait-for=first,max=
 }
 
 -- What a request is when a key is absent (same as hetslurm.request.language.Request).
@@ -66,6 +67,7 @@ M.DEFAULTS = {
 M.KEYS = {
   "nodes", "gpus", "gpus-per-node", "gpu-type", "min-gpu-mem", "fpga", "cores", "mem",
   "locality", "switch-wait", "class", "priority", "energy", "no-requeue", "on-idle",
+  "wait-for",
 }
 local FLAGS = { ["no-requeue"] = true }
 
@@ -234,14 +236,14 @@ end
 -- number is seconds here, because "switch-wait" is a wait, not a time limit.
 local WAIT_UNITS = { s = 1, m = 60, h = 3600, d = 86400 }
 
-local function wait_expected(token)
+local function wait_expected(token, what, most)
   return string_format(
-    "%s: switch-wait must be a wait of at most one day: 600 (seconds), 30s, 10m, 1h, "
-    .. "10:00 or 00:10:00", show(token))
+    "%s: %s must be a wait of at most %s: 600 (seconds), 30s, 10m, 1h, "
+    .. "10:00 or 00:10:00", show(token), what or "switch-wait", most or "one day")
 end
 
-local function seconds(token, s)
-  local hi = M.LIMITS.switch_wait_s
+local function seconds(token, s, hi, what, most)
+  hi = hi or M.LIMITS.switch_wait_s
   local n = whole(s, 0, hi)
   if n then
     return n
@@ -250,7 +252,7 @@ local function seconds(token, s)
   if num then
     local v = whole(num, 0, math_floor(hi / WAIT_UNITS[unit]))
     if not v then
-      return nil, wait_expected(token)
+      return nil, wait_expected(token, what, most)
     end
     return v * WAIT_UNITS[unit]
   end
@@ -262,15 +264,15 @@ local function seconds(token, s)
     m, sec = string_match(s, "^(%d%d?%d?%d?):(%d%d)$")
   end
   if not m then
-    return nil, wait_expected(token)
+    return nil, wait_expected(token, what, most)
   end
   local hv, mv, sv = tonumber(h), tonumber(m), tonumber(sec)
   if sv > 59 or mv > minutes_cap then
-    return nil, wait_expected(token)
+    return nil, wait_expected(token, what, most)
   end
   local total = hv * 3600 + mv * 60 + sv
   if total > hi then
-    return nil, wait_expected(token)
+    return nil, wait_expected(token, what, most)
   end
   return total
 end
@@ -461,6 +463,27 @@ H["switch-wait"] = function(v, token, acc)
   return true
 end
 
+-- wait-for=first: wait for the first model of the job's ranked list instead of falling back
+-- at once; wait-for=first,max=W: for at most W (rebalance's relax then widens the job).
+H["wait-for"] = function(v, token, acc)
+  if v == "first" then
+    acc.wait_for = "first"
+    return true
+  end
+  local w = string_match(v, "^first,max=(.+)$")
+  if not w then
+    return nil, string_format("%s: must be 'first' or 'first,max=WAIT' (e.g. first,max=30m): "
+      .. "wait for the first GPU model of the job's list, at most WAIT", show(token))
+  end
+  local s, msg = seconds(token, w, M.LIMITS.wait_for_max_s, "max", "one week")
+  if not s then
+    return nil, msg
+  end
+  acc.wait_for = "first"
+  acc.wait_for_max_s = s
+  return true
+end
+
 H["class"] = function(v, token, acc)
   -- hetslurm/site/names.py IDENT_RE: class names appear unquoted in rendered config.
   if #v > 63 or not string_find(v, "^[A-Za-z][A-Za-z0-9_-]*$") then
@@ -529,7 +552,7 @@ local function finish(acc, tokens_of)
   end
 
   if req.gpus_per_node == 0 then
-    local needs_gpus = { "gpu-type", "min-gpu-mem" }
+    local needs_gpus = { "gpu-type", "min-gpu-mem", "wait-for" }
     for _, key in ipairs(needs_gpus) do
       if tokens_of[key] then
         return nil, string_format("%s needs GPUs: add gpus=N or gpus-per-node=N",
@@ -576,7 +599,7 @@ local function new_request()
     priority = D_PRIORITY, energy = D_ENERGY, no_requeue = D_NO_REQUEUE,
     gpu_models = nil, fpga_models = nil, locality = nil, given = nil, tokens = nil,
     workload_class = nil, gpus_per_job = nil, on_idle = nil, min_gpu_mem_mib = nil,
-  } -- 16 fields: 16 slots; a request naming mem= or switch-wait= grows it once
+  } -- 16 fields: 16 slots; a request naming mem=, switch-wait= or wait-for= grows it once
 end
 
 -- parse(text) -> request table, or nil and a message. Never raises for any string input.

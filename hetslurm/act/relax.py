@@ -15,6 +15,10 @@ own options kept (``kept``). What Slurm holds now is read from the job (``Featur
   ``typed-gres``, no edit).
 * ``prefer``: ``--prefer`` names models of that list (22.05 waits for a preferred feature
   rather than fall back): it is dropped.
+* ``wait-for``: a ``wait-for=first,max=W`` job waited W in its first model's partition: its
+  ``Partition=`` becomes its whole ranked list (docs/fallback.md), whether or not it would
+  start now, because the user bounded the wait. A ``models`` widening on a site with ranked
+  fallback edits ``Partition=`` too, so the widened list keeps the job's order.
 
 The placement core decides, on the live state: the request as Slurm holds it must not fit
 now (else the job waits for something a wider request would not fix) and the relaxed one
@@ -55,8 +59,8 @@ TYPED = "typed-gres"
 class Edit:
     """One relaxing change: ``field`` as ``scontrol update`` names it, old and new text."""
 
-    kind: str  # switch-wait, models, prefer
-    field: str  # Switches, Features, Gres, Prefer
+    kind: str  # switch-wait, models, prefer, wait-for
+    field: str  # Switches, Features, Gres, Prefer, Partition
     old: str
     new: str
 
@@ -73,11 +77,13 @@ class Snapshot:
     prefer: str | None
     gres: str
     switches: str | None
+    partition: str | None = None
 
     @classmethod
     def of(cls, job: JobInfo) -> Snapshot:
         return cls(state=job.state, reason=job.reason, name=job.name, restarts=job.restarts,
                    features=job.features, prefer=job.prefer, gres=gres_text(job.tres_per_node),
+                   partition=job.partition,
                    switches=_switch_text(job.switches))
 
 
@@ -230,12 +236,28 @@ def _ask(job: JobInfo, req: Request, rec: DecisionRecord, site: Site,
                     relaxed = replace(relaxed, gpu_models=wanted)
                     edits.append(Edit("models", "Features", job.features or "",
                                       "|".join(wanted)))
+                    # Ranked fallback: the widened list in its order, as the hook would
+                    # have submitted it.
+                    ranked = site.ranked_list(job.partition, wanted)
+                    if ranked and "partition" not in kept:
+                        held = replace(held, partition=job.partition, partitions=())
+                        relaxed = replace(relaxed, partitions=tuple(ranked.split(",")))
+                        edits.append(Edit("models", "Partition", job.partition or "", ranked))
         if "prefer" in kinds and prefer is not None:
             base = held.gpu_models or wanted
             narrowed = tuple(m for m in base if m in prefer)
             if narrowed:
                 held = replace(held, gpu_models=narrowed)
                 edits.append(Edit("prefer", "Prefer", job.prefer or "", ""))
+    # A bounded wait-for=first: the job waits in its first model's partition only.
+    now_part = job.partition or ""
+    if "wait-for" in kinds and req.wait_for_max_s is not None and now_part in site.ranked:
+        first = site.ranked[now_part]
+        ranked = site.ranked_list(first.base, req.gpu_models)
+        if ranked and ranked != now_part:
+            held = replace(held, partitions=(now_part,))
+            relaxed = replace(relaxed, partitions=tuple(ranked.split(",")))
+            edits.append(Edit("wait-for", "Partition", now_part, ranked))
     if not edits:
         if typed:
             return TYPED
@@ -345,10 +367,13 @@ def plan_relax(jobs: Sequence[JobInfo], site: Site, policy: Rebalance, model: Cl
         if isinstance(ask, str):
             count("nothing-to-relax")
             continue
-        if w is None or w < policy.pending_limit_s:
+        bounded = all(e.kind == "wait-for" for e in ask.edits)
+        limit = req.wait_for_max_s if bounded and req.wait_for_max_s is not None else \
+            policy.pending_limit_s
+        if w is None or w < limit:
             out.append(decide("not-long-enough", "none",
-                              f"waited {0 if w is None else round(w)}s < "
-                              f"{policy.pending_limit_s}s", edits=ask.edits))
+                              f"waited {0 if w is None else round(w)}s < {limit}s"
+                              + (" (its wait-for max)" if bounded else ""), edits=ask.edits))
             continue
         reason = j.reason or "None"
         if reason not in policy.pending_reasons:
@@ -363,9 +388,18 @@ def plan_relax(jobs: Sequence[JobInfo], site: Site, policy: Rebalance, model: Cl
             out.append(decide("run-limit", "none", f"max_relax_per_run "
                               f"({policy.max_relax_per_run}) reached", edits=ask.edits))
             continue
-        if j.partition not in models:
-            models[j.partition] = _partition_model(model, parts, j.partition)
-        m = models[j.partition]
+        if bounded:
+            # The user bounded the wait: widened now, whether or not it would start now.
+            out.append(decide("wait-for-max", "relax", f"waited {round(w)}s >= its "
+                              f"wait-for max {req.wait_for_max_s}s: submitted to "
+                              f"{ask.edits[-1].new}", edits=ask.edits))
+            relaxed_n += 1
+            continue
+        scope = ",".join(dict.fromkeys([*(j.partition or "").split(","),
+                                        *ask.relaxed.partitions]))
+        if scope not in models:
+            models[scope] = _partition_model(model, parts, scope)
+        m = models[scope]
         try:
             held_p = place(m, ask.held)
             relaxed_p = place(m, ask.relaxed)
@@ -414,7 +448,7 @@ def _changed(d: RelaxDecision, fresh: JobInfo) -> str | None:
         return f"now {now.state}"
     if (now.reason or "").startswith("JobHeld"):
         return f"now held ({now.reason})"
-    for f in ("restarts", "features", "prefer", "gres", "switches"):
+    for f in ("restarts", "features", "prefer", "gres", "switches", "partition"):
         if getattr(now, f) != getattr(snap, f):
             # Either the job was edited, or a newline in its comment cut the one-line
             # record short: both mean "do not touch it".
@@ -433,6 +467,8 @@ def _update_args(edits: Sequence[Edit], job: JobInfo) -> dict[str, Any]:
             args["features"] = e.new
         elif e.field == "Prefer":
             args["prefer"] = e.new
+        elif e.field == "Partition":
+            args["partition"] = e.new
     return args
 
 
@@ -445,6 +481,8 @@ def _shows(edits: Sequence[Edit], job: JobInfo) -> bool:
         if e.field == "Features" and snap.features != e.new:
             return False
         if e.field == "Prefer" and (snap.prefer or "") != e.new:
+            return False
+        if e.field == "Partition" and snap.partition != e.new:
             return False
     return True
 
@@ -503,7 +541,7 @@ def _relax_one(backend: SlurmBackend, d: RelaxDecision, log: ActionLog, now: flo
             j = backend.job(d.job)
         except NotFoundError:
             return record("not-changed", "the job vanished after the edit")
-        seen = (f"state {j.state}, features {j.features!r}, gres "
+        seen = (f"state {j.state}, partition {j.partition!r}, features {j.features!r}, gres "
                 f"{gres_text(j.tres_per_node)!r}, prefer {j.prefer!r}, switches "
                 f"{_switch_text(j.switches)!r}")
         if j.state in ("RUNNING", "CONFIGURING", "COMPLETING", "COMPLETED"):

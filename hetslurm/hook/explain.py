@@ -359,7 +359,9 @@ def _add_placement(ex: Explanation, site: Site, state: str | None,
         from hetslurm.placement.place import place
         from hetslurm.request.language import parse_request, resolve
 
-        request = resolve(parse_request(text), site)
+        own = ex.job_before.get("partition")
+        request = resolve(parse_request(text), site,
+                          job_partition=own if isinstance(own, str) else None)
         model = ClusterModel.from_site(site)
         if state is not None:
             from hetslurm.placement.state import LiveState

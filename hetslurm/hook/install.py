@@ -97,7 +97,10 @@ def site_smoke_jobs(site: Site, gres_prefix: str = "gres:") -> list[SiteSmokeJob
         class_gpus = tuple(d for d in wc.devices if d in gpus)
         class_fpgas = tuple(d for d in wc.devices if d in fpgas)
         if class_gpus:
-            out.append(SiteSmokeJob(f"gpus=1 class={name}", common, (GPU_GRES, class_gpus)))
+            # Ranked fallback: several models go to their per-model partitions, in order.
+            ranked = site.ranked_list(wc.partition or site.default_partition(), class_gpus)
+            gpu_fields = {**common, "partition": ranked} if ranked else common
+            out.append(SiteSmokeJob(f"gpus=1 class={name}", gpu_fields, (GPU_GRES, class_gpus)))
         if class_fpgas:
             out.append(SiteSmokeJob(f"fpga=1 class={name}", common, (FPGA_GRES, class_fpgas)))
     out += [SiteSmokeJob(f"gpus=1 gpu-type={m}",

@@ -302,9 +302,10 @@ class ClusterModel:
             fpga_models=site.fpga_models(),
             def_mem_per_cpu_mib=site.scheduling.def_mem_per_cpu,
         )
-        default = next((n for n, p in site.partitions.items() if p.spec.default), None)
-        return replace(model, partitions={n: p.nodes for n, p in site.partitions.items()},
-                       default_partition=default, _cache={})
+        parts = {n: p.nodes for n, p in site.partitions.items()}
+        parts.update({n: r.nodes for n, r in site.ranked.items()})
+        return replace(model, partitions=parts, default_partition=site.default_partition(),
+                       _cache={})
 
     @classmethod
     def from_layouts(

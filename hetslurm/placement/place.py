@@ -692,7 +692,14 @@ def place(
         PlacementError: The request is malformed (counts, sentinels, unknown models).
         CoreNotBuiltError: The compiled core is missing.
     """
-    model = model.in_partition(request.partition)
+    if len(request.partitions) > 1 and model.partitions:
+        return _place_ranked(model, request, weights, live)
+    scope = request.partitions[0] if request.partitions else request.partition
+    return _place_in(model.in_partition(scope), request, weights, live)
+
+
+def _place_in(model: ClusterModel, request: Request, weights: ScoreWeights | None,
+              live: LiveState | None) -> Placement:
     kr = compile_request(model, request, weights)
     if live is None:
         live = model._cache.get("live")
@@ -702,6 +709,31 @@ def place(
     if raw.status == PL_PLACED:
         return _as_slurm_picks(model, _placed(model, kr, raw))
     return _unplaced(model, kr, raw, live)
+
+
+def _place_ranked(model: ClusterModel, request: Request, weights: ScoreWeights | None,
+                  live: LiveState | None) -> Placement:
+    """Ranked fallback (docs/fallback.md): Slurm tries a job's partitions in its ``-p`` order
+    (equal ``PriorityTier``) and starts it in the first one where it fits now; when none
+    fits, the job waits in all of them and takes whichever frees first."""
+    answers = []
+    for i, part in enumerate(request.partitions):
+        got = _place_in(model.in_partition(part), request, weights, live)
+        answers.append(got)
+        if got.placeable:
+            if i == 0:
+                return replace(got, reason=f"{got.reason}; partition {part}: the first of "
+                               f"{','.join(request.partitions)}")
+            skipped = ", ".join(request.partitions[:i])
+            return replace(got, reason=f"{got.reason}; partition {part}: {skipped} "
+                           "cannot start it now, so Slurm falls back at once")
+    possible = [a for a in answers if not a.impossible]
+    if not possible:
+        return answers[0]
+    # The one whose running jobs free it first (unknown end times last).
+    best = min(possible, key=lambda a: (a.earliest_start is None, a.earliest_start or 0.0))
+    return replace(best, reason=f"{best.reason}; waits in {','.join(request.partitions)} and "
+                   "takes whichever frees first")
 
 
 def _as_slurm_picks(model: ClusterModel, placed: Placement) -> Placement:

@@ -155,18 +155,18 @@ def _hetreq(version: str) -> Any:
 
 
 # Runs in the runtime's own globals: what a request means on one site, through the hook's own
-# resolve step (hethook.lua), with no job options of its own. Returns r, notes or nil,
-# family, message.
+# resolve step (hethook.lua), with no job options of its own but its --partition (or nil).
+# Returns r, notes or nil, family, message.
 _MEANING = b"""
 local hook, hetreq, rules = ...
 local function here() return "" end
-return function(text)
+return function(text, jpart)
   local req, msg = hetreq.parse(text)
   if not req then
     return nil, "parse", msg
   end
   local d = { nw = 0 }
-  local r, family, message = hook.resolve(req, req.tokens, rules, nil, nil, d, here)
+  local r, family, message = hook.resolve(req, req.tokens, rules, nil, nil, d, here, jpart)
   if not r then
     return nil, family, message
   end

@@ -73,6 +73,10 @@ class Request:
     energy: Energy = "normal"
     no_requeue: bool = False
     on_idle: str | None = None
+    #: ``wait-for=first``: wait for the first model of a ranked GPU list instead of falling
+    #: back at once; ``wait_for_max_s`` bounds that wait (``wait-for=first,max=30m``).
+    wait_for: Literal["first"] | None = None
+    wait_for_max_s: int | None = None
     #: Keys the text named, in order (``gpus``, ``gpu-type``, ...): an explicit value versus a
     #: default, which the hook's precedence rules and :func:`resolve` need.
     given: tuple[str, ...] = ()
@@ -85,6 +89,11 @@ class Request:
     #: pending job back to); set by :func:`resolve`, equal to ``gpu_models`` when nothing was
     #: narrowed.
     own_gpu_models: tuple[str, ...] = ()
+    #: Ranked fallback (docs/fallback.md), set by :func:`resolve`: the per-model partitions
+    #: the hook submits the job to, in its order (only the first with ``wait-for=first``),
+    #: and the whole ranked list; empty when the job has no ranked GPU list there.
+    partitions: tuple[str, ...] = ()
+    rank_all: tuple[str, ...] = ()
 
 
 # Parsing --------------------------------------------------------------------------------------
@@ -120,7 +129,8 @@ def request_from_table(table: Mapping[str, Any]) -> Request:
         ValueError: a field is unknown or has the wrong type (a bug, not a user error).
     """
     known = {f for f in Request.__dataclass_fields__} - {"partition", "qos", "cpu_only",
-                                                         "own_gpu_models"}
+                                                         "own_gpu_models", "partitions",
+                                                         "rank_all"}
     # ``tokens`` (key -> the word that gave it) is the hook's fast "was this key given?"
     # set; it must name exactly the keys of ``given``.
     unknown = set(table) - known - {"tokens"}
@@ -155,6 +165,9 @@ def request_from_table(table: Mapping[str, Any]) -> Request:
     workload_class = table.get("workload_class")
     if workload_class is not None and not isinstance(workload_class, str):
         raise ValueError(f"hetreq workload_class={workload_class!r} is not a string")
+    wait_for = table.get("wait_for")
+    if wait_for not in (None, "first"):
+        raise ValueError(f"hetreq wait_for={wait_for!r} is not 'first'")
     return Request(
         nodes=_int(table, "nodes", 1),
         gpus_per_node=_int(table, "gpus_per_node", 0),
@@ -171,6 +184,8 @@ def request_from_table(table: Mapping[str, Any]) -> Request:
         energy=cast(Energy, energy),
         no_requeue=no_requeue,
         on_idle=on_idle,
+        wait_for=wait_for,
+        wait_for_max_s=_opt_int(table, "wait_for_max_s"),
         given=_strs(table, "given"),
     )
 
@@ -260,13 +275,16 @@ def format_request(request: Request) -> str:
         words.append("no-requeue")
     if r.on_idle is not None:
         words.append(f"on-idle={r.on_idle}")
+    if r.wait_for is not None:
+        bound = f",max={r.wait_for_max_s}" if r.wait_for_max_s is not None else ""
+        words.append(f"wait-for={r.wait_for}{bound}")
     return " ".join(words)
 
 
 # Resolving against a site ---------------------------------------------------------------------
 
 
-def resolve(request: Request, site: Site) -> Request:
+def resolve(request: Request, site: Site, *, job_partition: str | None = None) -> Request:
     """What ``request`` means on ``site``, decided by the hook's own Lua (``hethook.resolve``).
 
     The meaning is written once, in the Lua that slurmctld runs (docs/directives.md): an
@@ -278,19 +296,23 @@ def resolve(request: Request, site: Site) -> Request:
     from ``site``, so ``place``, ``explain``, ``simulate`` and ``relax`` read what the hook
     enforces.
 
+    ``job_partition`` is the job's own ``--partition`` when it names one: ranked fallback
+    then ranks inside it (or not at all, when it differs from the class's).
+
     Returns:
         A new :class:`Request` with ``gpu_models`` (the models the hook enforces, in
         preference order), ``own_gpu_models`` (before ``energy=low`` narrowed them),
-        ``fpga_models``, ``partition``, ``qos`` and ``cpu_only``.
+        ``fpga_models``, ``partition``, ``qos``, ``cpu_only``, and ``partitions`` /
+        ``rank_all`` (ranked fallback's per-model partitions).
 
     Raises:
         PlacementError: the hook would reject the request on this site (its message, without
             the line prefix), or lupa is missing.
     """
-    out = _resolved(_site_meaning(site), format_request(request))
+    out = _resolved(_site_meaning(site), format_request(request), job_partition)
     if isinstance(out, str):
         raise PlacementError(out)
-    gpu, own, fpga, partition, qos, cpu_only = out
+    gpu, own, fpga, partition, qos, cpu_only, ranked, rank_all = out
     return replace(
         request,
         gpu_models=gpu if gpu is not None else (),
@@ -299,6 +321,8 @@ def resolve(request: Request, site: Site) -> Request:
         partition=partition,
         qos=qos,
         cpu_only=cpu_only,
+        partitions=tuple(ranked.split(",")) if ranked else (),
+        rank_all=tuple(rank_all.split(",")) if rank_all else (),
     )
 
 
@@ -321,15 +345,16 @@ def _site_meaning(site: Site) -> Any:
 
 
 _Resolved = tuple[tuple[str, ...] | None, tuple[str, ...] | None, tuple[str, ...] | None,
-                  str | None, str | None, bool]
+                  str | None, str | None, bool, str | None, str | None]
 
 
 @functools.lru_cache(maxsize=4096)
-def _resolved(fn: Any, text: str) -> _Resolved | str:
+def _resolved(fn: Any, text: str, job_partition: str | None = None) -> _Resolved | str:
     """The Lua result for one request text as plain values, or the rejection's message."""
     from hetslurm.request import _lua
 
-    result = fn(text.encode("utf-8", "surrogatepass"))
+    result = fn(text.encode("utf-8", "surrogatepass"),
+                None if job_partition is None else job_partition.encode("utf-8", "replace"))
     parts = tuple(result) if isinstance(result, tuple) else (result,)
     first, third = parts[0], (parts[2] if len(parts) > 2 else None)
     if first is None:
@@ -344,7 +369,10 @@ def _resolved(fn: Any, text: str) -> _Resolved | str:
             return None
         return tuple(value) if isinstance(value, list) else ()
 
-    partition, qos = r.get("partition"), r.get("qos")
+    def word(key: str) -> str | None:
+        value = r.get(key)
+        return value if isinstance(value, str) else None
+
     return (models("gpu_models"), models("own_gpu_models"), models("fpga_models"),
-            partition if isinstance(partition, str) else None,
-            qos if isinstance(qos, str) else None, bool(r.get("cpu_only")))
+            word("partition"), word("qos"), bool(r.get("cpu_only")), word("partitions"),
+            word("rank_all"))

@@ -72,6 +72,11 @@ def hook_rules(site: Site) -> dict[str, Any]:
         entry["gpu_text"] = "|".join(entry["gpu_models"])
         if wc.partition is not None:
             entry["partition"] = wc.partition
+        # The class's ranked per-model partitions in its order, for a job that names no
+        # partition of its own (the fast path writes it as is; resolve works it out likewise).
+        rank = site.ranked_list(wc.partition or site.default_partition(), entry["gpu_models"])
+        if rank:
+            entry["rank"] = rank
         if wc.qos is not None:
             entry["qos"] = wc.qos
         classes[name] = entry
@@ -95,6 +100,14 @@ def hook_rules(site: Site) -> dict[str, Any]:
         },
         "modify_exempt": {uid: True for uid in sorted(policy.modify_exempt_uids)},
         "energy_low_models": [m for m in gpu_models if m in policy.energy_low_models],
+        # Ranked fallback (docs/fallback.md): partition -> model -> its per-model partition,
+        # and each per-model partition's base and model (the hook refuses jobs naming one).
+        "default_partition": site.default_partition(),
+        "ranked": {base: site.ranked_of(base)
+                   for base in sorted({r.base for r in site.ranked.values()})},
+        "ranked_nodes": {r.name: len(r.nodes) for r in site.ranked.values()},
+        "internal": {r.name: {"base": r.base, "model": r.model}
+                     for r in sorted(site.ranked.values(), key=lambda r: r.name)},
         "switch_wait_default": policy.switch_wait_default_s,
         "record": {
             "field": policy.record_field,

@@ -812,7 +812,13 @@ def draft_site(cluster: ImportedCluster,
 
     all_nodes = [n.name for n in cluster.nodes]
     parts: dict[str, Any] = {}
+    ranked = _ranked_partitions(cluster)
     for p in cluster.partitions:
+        if p.name in ranked:
+            draft.guess(("partitions",), f"partition {p.name} not kept: it is {ranked[p.name]}'s "
+                        "per-model partition of ranked fallback, which hetslurm renders from "
+                        "the site (docs/fallback.md)")
+            continue
         parts[p.name] = _partition(p, all_nodes, draft)
     if parts:
         draft.data["partitions"] = parts
@@ -1042,6 +1048,22 @@ def _topo_for(node: ImportedNode, kind: str, model: str, count: int,
                            f"{count}")
             return m
     return None
+
+
+def _ranked_partitions(cluster: ImportedCluster) -> dict[str, str]:
+    """Partitions that are hetslurm's own per-model partitions (``<base>_<model>`` over the
+    base partition's nodes of that GPU model), each with its base's name."""
+    model_of = {n.name: t for n in cluster.nodes for (g, t) in n.gres if g == "gpu" and t}
+    everyone = [n.name for n in cluster.nodes]
+    out: dict[str, str] = {}
+    for base in cluster.partitions:
+        members = everyone if base.nodes is None else base.nodes
+        for model in sorted({model_of[n] for n in members if n in model_of}):
+            want = tuple(n for n in members if model_of.get(n) == model)
+            for p in cluster.partitions:
+                if p.name == f"{base.name}_{model}" and p.nodes == want:
+                    out[p.name] = base.name
+    return out
 
 
 def _partition(p: ImportedPartition, all_nodes: Sequence[str], draft: SiteDraft

@@ -25,11 +25,13 @@ from hetslurm.site import names
 from hetslurm.site.locate import KeyPath, LineIndex
 from hetslurm.site.model import (
     NodeSpec,
+    RankedPartition,
     ResolvedPartition,
     Site,
     class_features,
     class_weight,
     place_devices,
+    ranked_name,
 )
 from hetslurm.site.schema import SCHEMA_VERSION, SECTIONS, DeviceGroup, Levers, NodeClass, SiteFile
 from hetslurm.textfile import read_text_file
@@ -452,6 +454,7 @@ def _resolve(ctx: _Ctx, f: SiteFile, sections: dict[str, Any]) -> Site:
             )
         )
 
+    ranked = _ranked_partitions(ctx, f, partitions, nodes, gpu_order)
     _check_classes_section(ctx, sections.get("classes", {}), gpu_present | fpga_present,
                            partitions)
     _check_hook_section(ctx, sections.get("hook"), gpu_present)
@@ -468,7 +471,36 @@ def _resolve(ctx: _Ctx, f: SiteFile, sections: dict[str, Any]) -> Site:
         partitions=partitions,
         switches=dict(f.switches),
         sections=sections,
+        ranked=ranked,
     )
+
+
+def _ranked_partitions(ctx: _Ctx, f: SiteFile, partitions: dict[str, ResolvedPartition],
+                       nodes: Sequence[NodeSpec], gpu_order: Sequence[str]
+                       ) -> dict[str, RankedPartition]:
+    """One overlapping partition per GPU model of every partition whose nodes hold two or
+    more GPU models (``[scheduling] ranked_fallback = "partitions"``, docs/fallback.md)."""
+    if f.scheduling.ranked_fallback != "partitions":
+        return {}
+    by_name = {n.name: n for n in nodes}
+    out: dict[str, RankedPartition] = {}
+    for pname, part in partitions.items():
+        by_model: dict[str, list[str]] = {}
+        for host in part.nodes:
+            gpus = by_name[host].gpus
+            if gpus:
+                by_model.setdefault(gpus[0].model, []).append(host)
+        if len(by_model) < 2:
+            continue
+        for model in sorted(by_model, key=list(gpu_order).index):
+            name = ranked_name(pname, model)
+            if name in partitions:
+                raise ctx.error(("partitions", name),
+                                f"partition '{name}' is the name hetslurm gives partition "
+                                f"'{pname}''s {model} nodes for ranked fallback; rename it, or "
+                                "set [scheduling] ranked_fallback = \"weights\"")
+            out[name] = RankedPartition(name, pname, model, tuple(by_model[model]))
+    return out
 
 
 def _check_switches(ctx: _Ctx, f: SiteFile, node_class: dict[str, str]) -> dict[str, str]:

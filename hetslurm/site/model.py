@@ -5,7 +5,7 @@ that receives a :class:`Site` can trust it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -72,6 +72,22 @@ class ResolvedPartition:
 
 
 @dataclass(frozen=True)
+class RankedPartition:
+    """One overlapping per-model partition hetslurm renders for ranked fallback: the GPU
+    nodes of ``model`` in partition ``base``, with ``base``'s limits and tier."""
+
+    name: str
+    base: str
+    model: str
+    nodes: tuple[str, ...]
+
+
+def ranked_name(base: str, model: str) -> str:
+    """The per-model partition of ``base`` for ``model`` (``gpu`` + ``a100`` -> ``gpu_a100``)."""
+    return f"{base}_{model}"
+
+
+@dataclass(frozen=True)
 class Site:
     """A validated site. ``nodes`` keep the file's order within each hostlist entry."""
 
@@ -84,6 +100,23 @@ class Site:
     partitions: Mapping[str, ResolvedPartition]
     switches: Mapping[str, Switch]
     sections: Mapping[str, Any] = field(default_factory=dict)
+    #: The per-model partitions of ranked fallback, by name (empty with
+    #: ``ranked_fallback = "weights"`` or when no partition holds two GPU models).
+    ranked: Mapping[str, RankedPartition] = field(default_factory=dict)
+
+    def ranked_of(self, base: str) -> dict[str, str]:
+        """Model -> per-model partition of partition ``base`` (empty when it has none)."""
+        return {r.model: r.name for r in self.ranked.values() if r.base == base}
+
+    def ranked_list(self, base: str | None, models: Sequence[str]) -> str | None:
+        """The per-model partitions of ``base`` for ``models`` in their order, as ``-p``
+        text, when at least two of them exist (one model needs no fallback); else None."""
+        of = self.ranked_of(base) if base else {}
+        names = [of[m] for m in models if m in of]
+        return ",".join(names) if len(names) >= 2 else None
+
+    def default_partition(self) -> str | None:
+        return next((n for n, p in self.partitions.items() if p.spec.default), None)
 
     def node(self, name: str) -> NodeSpec:
         for n in self.nodes:

@@ -280,17 +280,28 @@ def _node_lines(site: Site, runtime: Runtime | None) -> list[str]:
 
 def _partition_lines(site: Site, *, accounting: bool = True) -> list[str]:
     lines = []
+    limits: dict[str, list[str]] = {}
     for name, part in site.partitions.items():
         nodes = "ALL" if part.spec.nodes == "ALL" else hostlist.collect_hostlist(list(part.nodes))
-        attrs = [f"PartitionName={name}", f"Nodes={nodes}",
-                 f"Default={'YES' if part.spec.default else 'NO'}",
-                 f"MaxTime={part.spec.max_time}"]
+        attrs = [f"MaxTime={part.spec.max_time}"]
         if part.spec.default_time:
             attrs.append(f"DefaultTime={part.spec.default_time}")
         attrs += [f"{k}={v}" for k, v in part.spec.options.items()]
         attrs += levers.partition_attrs(site, part, accounting=accounting)
         attrs.append("State=UP")
-        lines.append(" ".join(attrs))
+        limits[name] = attrs
+        lines.append(" ".join([f"PartitionName={name}", f"Nodes={nodes}",
+                               f"Default={'YES' if part.spec.default else 'NO'}", *attrs]))
+    if site.ranked:
+        # docs/fallback.md: one partition per GPU model over the same nodes, with the base
+        # partition's limits, tier, QOS and preemption word for word, so a job submitted to
+        # several of them (in its own order) gets the first model free now, at once.
+        lines += ["# Ranked fallback: one overlapping partition per GPU model (hetslurm's;",
+                  "# the job_submit hook refuses jobs that name them, docs/fallback.md)."]
+        for r in site.ranked.values():
+            lines.append(" ".join([f"PartitionName={r.name}",
+                                   f"Nodes={hostlist.collect_hostlist(list(r.nodes))}",
+                                   "Default=NO", *limits[r.base]]))
     return lines
 
 

@@ -130,6 +130,14 @@ class Scheduling(_Strict):
     #: next (``CR_CORE_DEFAULT_DIST_BLOCK``: fewest sockets, what ``locality=numa`` needs),
     #: ``cyclic`` spreads them over sockets (Slurm's default).
     core_distribution: Annotated[str, Field(pattern=r"^(block|cyclic)$")] = "block"
+    #: How a job that accepts several GPU models gets them in its own order (a class's
+    #: ``devices``, ``gpu-type=a|b``): ``partitions`` renders, for each partition whose nodes
+    #: hold two or more GPU models, one overlapping partition per model (``<partition>_<model>``,
+    #: identical limits and tier) and the hook submits the job to them in the job's order, so
+    #: Slurm takes the first model free now and falls back at once (docs/fallback.md);
+    #: ``weights`` leaves only node ``Weight=`` (the site-wide ``gpu_model_order`` for
+    #: everyone).
+    ranked_fallback: Annotated[str, Field(pattern=r"^(partitions|weights)$")] = "partitions"
 
 
 class WorkloadClass(_Strict):
@@ -286,7 +294,7 @@ class Stall(_Strict):
 register_section("stall", Stall, Stall())
 
 
-RelaxKind = Annotated[str, Field(pattern=r"^(switch-wait|models|prefer)$")]
+RelaxKind = Annotated[str, Field(pattern=r"^(switch-wait|models|prefer|wait-for)$")]
 
 
 class Rebalance(_Strict):
@@ -311,7 +319,7 @@ class Rebalance(_Strict):
     #: Which relaxing edits are allowed: drop a switch wait (``locality=switch`` preferred),
     #: widen a GPU model list narrowed by the hook (``energy=low``) back to the job's own
     #: ranked list, drop a ``--prefer`` that names models of that list.
-    relax_kinds: tuple[RelaxKind, ...] = ("switch-wait", "models", "prefer")
+    relax_kinds: tuple[RelaxKind, ...] = ("switch-wait", "models", "prefer", "wait-for")
     #: Slurm pending reasons under which a job is considered (held, dependent or
     #: limit-bound jobs would not start sooner with a wider request).
     pending_reasons: tuple[str, ...] = ("Resources", "Priority", "None")

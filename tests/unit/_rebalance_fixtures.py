@@ -36,7 +36,8 @@ def _node(site: Site, name: str) -> NodeInfo:
     for d in (*n.gpus, *n.fpgas):
         gres[(d.kind, d.model)] = gres.get((d.kind, d.model), 0) + 1
     feats = n.features
-    parts = tuple(p for p, spec in site.partitions.items() if name in spec.nodes)
+    parts = tuple(p for p, spec in {**site.partitions, **site.ranked}.items()
+                  if name in spec.nodes)
     return NodeInfo(name, frozenset({"IDLE"}), cpus_total=8, memory_total_mib=16384,
                     gres_total=gres, features=tuple(feats), active_features=tuple(feats),
                     partitions=parts)
@@ -93,5 +94,6 @@ def cluster(site: Site, *jobs: JobInfo) -> FakeSlurm:
             nodes[host] = replace(n, gres_used_indices=used, gres_used=cnt,
                                   cpus_alloc=n.cpus_alloc + len(j.cpu_ids.get(host, ())),
                                   state=frozenset({"MIXED"}))
-    parts = [PartitionInfo(p, nodes=spec.nodes) for p, spec in site.partitions.items()]
+    parts = [PartitionInfo(p, nodes=spec.nodes)
+             for p, spec in {**site.partitions, **site.ranked}.items()]
     return FakeSlurm(nodes=nodes.values(), jobs=jobs, partitions=parts)

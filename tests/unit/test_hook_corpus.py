@@ -55,6 +55,7 @@ def expected_fields(r: Request, site: Site) -> tuple[dict[str, Any], bool]:
     given = set(r.given)
     gres: list[str] = []
     features: list[str] = []
+    models: list[str] = []
     if r.gpus_per_node > 0:
         models = list(r.gpu_models)
         if r.energy == "low":
@@ -82,6 +83,14 @@ def expected_fields(r: Request, site: Site) -> tuple[dict[str, Any], bool]:
         out["features"] = features[0]
     if r.partition:
         out["partition"] = r.partition
+    # Ranked fallback: two or more models go to the per-model partitions of the class's
+    # partition (else the default, batch) in the request's order (docs/fallback.md).
+    # Only per-model partitions with enough nodes for the job (it runs in one partition).
+    ranked = [f"{r.partition or 'batch'}_{m}" for m in models
+              if f"{r.partition or 'batch'}_{m}" in site.ranked
+              and len(site.ranked[f"{r.partition or 'batch'}_{m}"].nodes) >= r.nodes]
+    if len(ranked) > 1:
+        out["partition"] = ",".join(ranked)
     qos = PRIORITY_QOS.get(r.priority) if "priority" in given else None
     qos = qos or r.qos
     if qos:

@@ -116,7 +116,7 @@ def test_fast_path_takes_the_common_request(tmp_path: Path) -> None:
     res = fast.submit(job)
     assert res == general.submit(job)
     assert dict(res.writes[:4]) == {"tres_per_node": "gres:gpu:2", "features": "h100|a100",
-                                    "partition": "gpu", "qos": "normal"}
+                                    "partition": "gpu_h100,gpu_a100", "qos": "normal"}
     # A mistake is never the fast path's: the general path's message comes back.
     bad = {"user_name": "root", "script": "#!/bin/sh\n#HET gpus=2 class=nosuch\ntrue\n"}
     assert not any("FAST PATH" in line for _, line in marked.submit(bad).log)

@@ -42,7 +42,7 @@ def test_rules_come_from_the_site(demo: Site) -> None:
     assert r["classes"]["train"] == {"devices": ["h100", "a100"], "cpu_only": False,
                                      "gpu_models": ["h100", "a100"], "fpga_models": [],
                                      "gpu_text": "h100|a100",
-                                     "partition": "gpu"}
+                                     "partition": "gpu", "rank": "gpu_h100,gpu_a100"}
     assert r["classes"]["io"]["cpu_only"] is True
     assert r["classes"]["stream"]["fpga_models"] == ["u280"]
     assert r["classes"]["io"]["gpu_models"] == [] and r["classes"]["io"]["fpga_models"] == []
@@ -250,7 +250,7 @@ def test_cli_explain(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     doc = json.loads(res.output)
     assert doc["outcome"] == "rewritten"
-    assert {"field": "partition", "value": "gpu"} in doc["writes"]
+    assert {"field": "partition", "value": "gpu_h100,gpu_a100"} in doc["writes"]
     res = CliRunner().invoke(cli, ["explain", "--comment", "het: class=io", "--site", str(DEMO)])
     assert res.exit_code == 0 and "rewritten" in res.output
 

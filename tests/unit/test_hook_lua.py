@@ -102,7 +102,10 @@ def test_gpus_one_model_is_typed_gres(rt: HookRuntime) -> None:
 
 def test_gpu_type_list_is_or_of_features(rt: HookRuntime) -> None:
     res = submit(rt, script("#HET gpus=2 gpu-type=a100|h100"))
-    assert written(res) == {"tres_per_node": "gres:gpu:2", "features": "a100|h100"}
+    # ... and the default partition's per-model partitions in the list's order (ranked
+    # fallback, docs/fallback.md).
+    assert written(res) == {"tres_per_node": "gres:gpu:2", "features": "a100|h100",
+                            "partition": "batch_a100,batch_h100"}
 
 
 def test_gpus_without_model_is_untyped(rt: HookRuntime) -> None:
@@ -132,7 +135,8 @@ def test_min_gpu_mem_filters_site_models(rt: HookRuntime) -> None:
     res = submit(rt, script("#HET gpus=1 min-gpu-mem=60G"))
     assert written(res) == {"tres_per_node": "gres:gpu:h100:1"}
     res = submit(rt, script("#HET gpus=1 min-gpu-mem=40G"))
-    assert written(res) == {"tres_per_node": "gres:gpu:1", "features": "h100|a100"}
+    assert written(res) == {"tres_per_node": "gres:gpu:1", "features": "h100|a100",
+                            "partition": "batch_h100,batch_a100"}
 
 
 def test_fpga_keys(rt: HookRuntime) -> None:
@@ -150,7 +154,7 @@ def test_gpu_and_fpga_in_one_job(rt: HookRuntime) -> None:
 def test_class_train(rt: HookRuntime) -> None:
     res = submit(rt, script("#HET gpus=2 class=train"))
     assert written(res) == {"tres_per_node": "gres:gpu:2", "features": "h100|a100",
-                            "partition": "gpu"}
+                            "partition": "gpu_h100,gpu_a100"}
     assert record(res)["class"] == "train"
 
 
@@ -267,7 +271,7 @@ def test_every_gpu_syntax_gets_the_class(rt: HookRuntime, field: str, value: str
     res = submit(rt, script("#HET class=train gpu-type=a100"), **{field: value})
     assert written(res) == {field: "gres:gpu:a100:2", "partition": "gpu"}
     res = submit(rt, script("#HET class=train"), **{field: value})
-    assert written(res) == {"features": "h100|a100", "partition": "gpu"}
+    assert written(res) == {"features": "h100|a100", "partition": "gpu_h100,gpu_a100"}
 
 
 def test_gres_gpu_zero_is_a_cpu_job(rt: HookRuntime) -> None:
@@ -305,7 +309,9 @@ def test_explicit_qos_wins(rt: HookRuntime) -> None:
 
 def test_explicit_constraint_and_a_list(rt: HookRuntime) -> None:
     res = submit(rt, script("#HET gpus=1 gpu-type=h100|a100"), features="nvlink")
-    assert written(res) == {"tres_per_node": "gres:gpu:1"}
+    # The per-model partitions still hold the job to its models, in its order.
+    assert written(res) == {"tres_per_node": "gres:gpu:1",
+                            "partition": "batch_h100,batch_a100"}
     assert res.user_messages == (
         "#HET line 2: --constraint=nvlink kept; 'h100|a100' not added: add it to your "
         "--constraint or drop --constraint",)
@@ -346,7 +352,7 @@ def test_disable_binding_wins(rt: HookRuntime) -> None:
     (["#HET gpu=2"], GENERIC,
      "#HET line 2: 'gpu=2': unknown key 'gpu' (did you mean 'gpus'?); keys: nodes, gpus, "
      "gpus-per-node, gpu-type, min-gpu-mem, fpga, cores, mem, locality, switch-wait, class, "
-     "priority, energy, no-requeue, on-idle"),
+     "priority, energy, no-requeue, on-idle, wait-for"),
     (["#HET gpus=1000000"], GRES,
      "#HET line 2: 'gpus=1000000': GPUs per job must be a whole number from 0 to 65536"),
     (["#HET nodes=0"], NODES,
@@ -434,7 +440,7 @@ def test_parse_bound(rt: HookRuntime) -> None:
                              "most 32 words, so put several on one line")
     res = submit(rt, script("#HET " + " ".join(["no-requeue"] * 40)))
     assert rejected(res) == (GENERIC, "#HET line 2: the request has more than 32 words; each key "
-                             "may appear once (15 keys exist)")
+                             "may appear once (16 keys exist)")
 
 
 def test_percent_in_a_directive_does_not_break_logging(rt: HookRuntime) -> None:
@@ -487,7 +493,7 @@ def test_internal_error_fails_open_and_writes_nothing(demo: Site) -> None:
 @pytest.mark.parametrize(("directive", "staged"), [
     # the general path
     ("#HET gpus=1 class=train priority=normal",
-     'stage(d, field, value, current)'),
+     'stage(d, "partition", r.partitions, jpart)'),
     # the fast path (class and a GPU count only)
     ("#HET gpus=1 class=train", 'stage(d, "partition", partition, job_partition)'),
 ])

@@ -57,8 +57,10 @@ def test_energy_low_job_widened_back_to_its_own_list(tmp_path: Path) -> None:
     assert rules(dry) == {"10": ("relax", "relax")}
     d = dry.relax.decisions[0] if dry.relax else None
     assert d is not None
+    # The widened list keeps its order through the per-model partitions (docs/fallback.md).
     assert [(e.kind, e.field, e.old, e.new) for e in d.edits] == [
-        ("models", "Features", "a100", "h100|a100")]
+        ("models", "Features", "a100", "h100|a100"),
+        ("models", "Partition", "gpu", "gpu_h100,gpu_a100")]
     assert d.evidence["held"]["placeable"] is False
     assert d.evidence["relaxed"]["nodelist"] == "gpu1"
     # The dry run changed nothing and wrote nothing.
@@ -69,10 +71,11 @@ def test_energy_low_job_widened_back_to_its_own_list(tmp_path: Path) -> None:
     assert [(o.job, o.result) for o in done.relax_outcomes] == [("10", "done")]
     j = fake.job(10)
     assert j.features == "h100|a100" and j.tres_per_node == (GresItem("gpu", None, 2),)
+    assert j.partition == "gpu_h100,gpu_a100"
     log = ActionLog(tmp_path / "actions.jsonl")
     acts = list(log.entries("action"))
     assert [(a["job"], a["result"]) for a in acts] == [("10", "done")]
-    assert [e["field"] for e in acts[0]["edits"]] == ["Features"]
+    assert [e["field"] for e in acts[0]["edits"]] == ["Features", "Partition"]
     # Acting twice: the next run finds nothing left to relax.
     again = run(fake, tmp_path, apply=True)
     assert rules(again) == {}
@@ -277,3 +280,39 @@ def test_shadow_mode_records_are_not_acted_on(tmp_path: Path) -> None:
     res = run(fake, tmp_path)
     assert rules(res) == {}
     assert res.relax is not None and res.relax.quiet == {"no-record": 1}
+
+
+def _waiting_for_a100(job_id: int, req: str, *, waited_h: float) -> Any:
+    """``#HET gpus=1 class=inference wait-for=first...``: the hook put it in gpu_a100 only."""
+    return pending(job_id, waited_h=waited_h, partition="gpu_a100",
+                   tres_per_node=(GresItem("gpu", None, 1),), features="a100|h100",
+                   admin_comment=record(req, "a100|h100", "tres_per_node,features,partition",
+                                        **{"class": "inference"}))
+
+
+def test_bounded_wait_for_first_is_widened_after_its_max(tmp_path: Path) -> None:
+    req = "gpus-per-node=1 class=inference wait-for=first,max=1800"
+    fake = cluster(SITE, *A100_FULL, *H100_FULL, _waiting_for_a100(10, req, waited_h=1.0),
+                   _waiting_for_a100(11, req, waited_h=0.25))
+    dry = run(fake, tmp_path)
+    # Widened although nothing is free: the bound is the user's, not a placement question.
+    assert rules(dry) == {"10": ("wait-for-max", "relax"), "11": ("not-long-enough", "none")}
+    d = next(d for d in dry.relax.decisions if d.job == "10") if dry.relax else None
+    assert d is not None
+    assert [(e.kind, e.field, e.old, e.new) for e in d.edits] == [
+        ("wait-for", "Partition", "gpu_a100", "gpu_a100,gpu_h100")]
+    assert "1800s" in next(x for x in dry.relax.decisions if x.job == "11").detail
+    assert fake.job(10).partition == "gpu_a100"  # the dry run changed nothing
+    done = run(fake, tmp_path, apply=True)
+    assert [(o.job, o.result) for o in done.relax_outcomes] == [("10", "done")]
+    assert fake.job(10).partition == "gpu_a100,gpu_h100"
+    again = run(fake, tmp_path, apply=True)
+    assert "10" not in rules(again)
+
+
+def test_unbounded_wait_for_first_is_never_widened(tmp_path: Path) -> None:
+    req = "gpus-per-node=1 class=inference wait-for=first"
+    fake = cluster(SITE, *A100_FULL, _waiting_for_a100(10, req, waited_h=48.0))
+    res = run(fake, tmp_path, apply=True)
+    assert rules(res) == {}
+    assert fake.job(10).partition == "gpu_a100"

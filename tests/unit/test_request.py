@@ -611,7 +611,7 @@ def test_unknown_lua_version_is_one_line(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_every_key_is_documented() -> None:
     doc = (ROOT / "docs" / "requests.md").read_text()
     keys = _lua.to_python(_lua.hetreq().KEYS)
-    assert len(keys) == 15
+    assert len(keys) == 16
     for key in keys:
         assert re.search(rf"^### `{re.escape(key)}[`=]", doc, flags=re.MULTILINE), key
 
@@ -626,11 +626,12 @@ def test_bounds_in_docs_match_lua() -> None:
 def test_dataclass_fields_are_known_to_the_lua_or_resolve() -> None:
     table = _lua.parse_table(
         "gpus=1 gpu-type=h100 min-gpu-mem=1G fpga=u280 mem=1G class=x "
-        "on-idle=notify locality=nvlink"
+        "on-idle=notify locality=nvlink wait-for=first,max=1h"
     )
     names = {f.name for f in fields(Request)}
     # ``tokens`` is the hook's key -> word map (the same keys as ``given``), not a field.
-    assert set(table) == (names - {"partition", "qos", "cpu_only", "own_gpu_models"}) | {"tokens"}
+    assert set(table) == (names - {"partition", "qos", "cpu_only", "own_gpu_models", "partitions",
+                                   "rank_all"}) | {"tokens"}
     assert set(table["tokens"]) == set(table["given"])
     assert table["tokens"]["gpu-type"] == "gpu-type=h100"
 

@@ -67,7 +67,9 @@ def slurm_allows(node: NodeSpec, fields: dict[str, Any], site: Site) -> bool:
     """Whether slurmctld may run one node's share of the job on ``node``."""
     partition = fields.get("partition") or next(
         (name for name, p in site.partitions.items() if p.spec.default), None)
-    if partition is not None and node.name not in site.partitions[partition].nodes:
+    if partition is not None and not any(
+            node.name in (site.partitions[p] if p in site.partitions else site.ranked[p]).nodes
+            for p in partition.split(",")):
         return False  # (a site file without partitions: every node, as place assumes)
     for kind, model, count in _gres(fields.get("tres_per_node")):
         devices = node.gpus if kind == "gpu" else node.fpgas

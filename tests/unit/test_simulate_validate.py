@@ -113,7 +113,7 @@ def test_scripts_submit_plain_options_or_het_directives_and_sleep_per_model() ->
     assert f"#HET gpus={w.jobs[gpu].gpus} class=train" in het and "-p " not in het
     # What the real hook makes of it is what the simulator's hetslurm policy submits.
     writes = dict(explain(het, site).writes)
-    assert writes["partition"] == "gpu"
+    assert writes["partition"] == "gpu_h100,gpu_a100"
     assert writes["features"] == "h100|a100"
     het_cpu = v.job_script("hetslurm", w.jobs[cpu], pl.jobs["hetslurm"][cpu],
                            pl.runtimes[cpu], site, model)

@@ -56,7 +56,7 @@ def test_example_renders_fragments(example: Path) -> None:
             per_node[name] += 1
     assert per_node == {n.name: len(n.gpus) + len(n.fpgas) for n in site.nodes}
     parts = files["hetslurm-partitions.conf"]
-    assert re.findall(r"^PartitionName=(\S+)", parts, re.M) == list(site.partitions)
+    assert re.findall(r"^PartitionName=(\S+)", parts, re.M) == [*site.partitions, *site.ranked]
 
 
 def test_example_renders_whole(example: Path, tmp_path: Path) -> None:

@@ -34,7 +34,8 @@ def test_each_release_gets_its_gres_form(demo: Site, release: str, prefix: str) 
     cases = {
         "#HET gpus=1 gpu-type=a100": {"tres_per_node": f"{prefix}gpu:a100:1"},
         "#HET gpus=2 gpu-type=a100|h100": {"tres_per_node": f"{prefix}gpu:2",
-                                           "features": "a100|h100"},
+                                           "features": "a100|h100",
+                                           "partition": "batch_a100,batch_h100"},
         "#HET fpga=1": {"tres_per_node": f"{prefix}fpga:1"},
     }
     for line, want in cases.items():
