@@ -110,7 +110,7 @@ def _comparing(u: Any, min_jobs: int) -> Any:
     cls = pd.factorize(u["wclass"].to_numpy())[0].astype(np.int64)
     mod = pd.factorize(u["model"].to_numpy())[0].astype(np.int64)
     cm = cls * (int(mod.max(initial=0)) + 1) + mod
-    cm_code, cm_inv = np.unique(cm, return_inverse=True)
+    cm_inv = np.unique(cm, return_inverse=True)[1]
     enough = np.bincount(cm_inv)[cm_inv] >= min_jobs
     cg = pd.factorize(cls * (int(u["group"].max(initial=0)) + 1) + u["group"].to_numpy())[0]
     # Distinct enough-models per (class, group).
