@@ -112,7 +112,8 @@ def _comparing(u: Any, min_jobs: int) -> Any:
     cm = cls * (int(mod.max(initial=0)) + 1) + mod
     cm_inv = np.unique(cm, return_inverse=True)[1]
     enough = np.bincount(cm_inv)[cm_inv] >= min_jobs
-    cg = pd.factorize(cls * (int(u["group"].max(initial=0)) + 1) + u["group"].to_numpy())[0]
+    grp = u["group"].to_numpy()
+    cg = pd.factorize(cls * (int(grp.max(initial=0)) + 1) + grp)[0]
     # Distinct enough-models per (class, group).
     pairs = np.unique(np.stack([cg[enough], mod[enough]]), axis=1)
     spread = np.bincount(pairs[0], minlength=int(cg.max(initial=-1)) + 1)
@@ -341,25 +342,38 @@ def _linked_dense(keys: Any, models: Any, ref: str) -> set[str]:
     return linked
 
 
+def shown(name: str) -> str:
+    """A class or model name as it may appear in a comment or a one-line message: as it is
+    when it is a valid site name (or ``-``), else quoted with its control characters escaped
+    and cut to 40 characters (a class comes from a job's comment, which users can write)."""
+    from hetslurm.site.names import ident_problem
+
+    return name if name == "-" or ident_problem(name, "name") is None else repr(name[:40])
+
+
 def speed_section(result: SpeedResult, *, source: str = "") -> str:
     """A proposed ``[levers.speed]`` section (TOML) from the measured rows: per model, per
     class, the ratio against the class's reference. Unmeasured pairs are left out and named
-    in comments."""
+    in comments; so is a class or model whose name is not a valid site name."""
+    from hetslurm.site.importer import toml_key
+
     lines = ["# Proposed by `hetslurm learn speeds`" + (f" from {source}" if source else "") + ".",
              "# Ratios: run time on the reference model over run time on this model; review",
              "# before merging into the site file ([levers] speed).", ""]
     per_model: dict[str, dict[str, SpeedRow]] = {}
     for r in result.measured():
+        if shown(r.wclass) != r.wclass or shown(r.model) != r.model:
+            lines.append(f"# {shown(r.wclass)}/{shown(r.model)}: left out: not a valid class "
+                         "or model name")
+            continue
         per_model.setdefault(r.model, {})[r.wclass] = r
     for r in result.rows:
         if r.ratio is None:
-            lines.append(f"# {r.wclass}/{r.model}: not measured: {r.note}")
+            lines.append(f"# {shown(r.wclass)}/{shown(r.model)}: not measured: {r.note}")
     for model in sorted(per_model):
         lines += ["", f"[levers.speed.{model}]"]
         for wclass, r in sorted(per_model[model].items()):
             ci = (f"  # 95% {r.ci_low}-{r.ci_high}, n={r.n}" if r.ci_low is not None
                   else f"  # n={r.n}")
-            key = wclass if wclass.replace("_", "").replace("-", "").isalnum() and \
-                wclass != "-" else f'"{wclass}"'
-            lines.append(f"{key} = {r.ratio}{ci}")
+            lines.append(f"{toml_key(wclass)} = {r.ratio}{ci}")
     return "\n".join(lines) + "\n"
