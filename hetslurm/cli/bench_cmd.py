@@ -77,6 +77,37 @@ def bench_audit_cmd(n_jobs: int, samples: int, nodes: int, real_jobs: int,
          title="audit benchmark", document=res)
 
 
+@bench.command("learn")
+@click.option("--jobs", "n_jobs", type=click.IntRange(1), default=1_000_000, show_default=True,
+              help="Synthetic completed one-GPU runs (sacct --json form).")
+@click.option("--groups", type=click.IntRange(1), default=20_000, show_default=True,
+              help="Recurring jobs (user and job name) they belong to.")
+@click.option("--nodes", type=click.IntRange(2), default=1000, show_default=True,
+              help="Synthetic 8-GPU nodes (half H100, half A100).")
+@click.option("--reference-runs", type=click.IntRange(0), default=2000, show_default=True,
+              help="Runs the vectorised fit and its dense reference are compared on.")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="Where the synthetic data set is written (and removed) [default: $TMPDIR].")
+@format_option
+def bench_learn_cmd(n_jobs: int, groups: int, nodes: int, reference_runs: int,
+                    workdir: str | None, output_format: str) -> None:
+    """Time 'hetslurm learn speeds' on a synthetic month, with and without script hashes.
+
+    Reports, for each, seconds, peak_rss_mb, rows and the H100 ratio found (against the
+    A100 reference; truth 2.0) of 'learn speeds --rank' run in a child process (target:
+    60 s), and the vectorised fit
+    beside the dense reference on --reference-runs runs.
+    """
+    from hetslurm.lab.bench_learn import bench_learn
+
+    def log(msg: str) -> None:
+        click.echo(f"bench learn: {msg}", err=True)
+
+    res = bench_learn(n_jobs, nodes, groups, reference_runs, workdir, log)
+    emit([{"metric": k, "value": v} for k, v in res.items()], output_format,
+         title="learn speeds benchmark", document=res)
+
+
 @bench.command("backend")
 @click.option("--calls", type=click.IntRange(1, 100_000), default=50, show_default=True,
               help="Timed calls per operation and backend (after one untimed warm-up call).")

@@ -28,34 +28,62 @@ def learn() -> None:
               help="Fewest runs of a model in a class for a ratio (fewer: reported as too "
                    "few, never guessed).")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
-              help="Also write a proposed [levers.speed] section (TOML) to this file.")
+              help="Also write a proposed [levers.speed] section (TOML) to this file; with "
+                   "--rank, also the proposed [classes.NAME] devices orders.")
+@click.option("--scripts/--no-scripts", "use_scripts", default=True, show_default=True,
+              help="Tell recurring jobs apart by a hash of their stored batch script "
+                   "(AccountingStoreFlags=job_script), read only for jobs that ran on two "
+                   "models, and cached; --no-scripts: by user and job name only.")
+@click.option("--max-scripts", type=click.IntRange(0), default=5000, show_default=True,
+              help="Most stored scripts read from accounting in one run (the rest are read "
+                   "by later runs; cached hashes are not counted).")
+@click.option("--script-cache", type=click.Path(dir_okay=False), default=None,
+              help="Where script hashes are cached [default: "
+                   "$XDG_CACHE_HOME/hetslurm/script-hashes.json, else ~/.cache/...].")
+@click.option("--rank", is_flag=True,
+              help="Also propose each class's devices order from the measured ratios "
+                   "(fastest first where the 95%% intervals separate; otherwise the site's "
+                   "order). Needs the site.")
+@click.option("--site-out", "site_out", type=click.Path(dir_okay=False), default=None,
+              help="Write the whole site file with the proposed orders and [levers.speed] "
+                   "merged (implies --rank), for `hetslurm site diff` and `site apply`.")
 @format_option
 def speeds_cmd(site_file: str | None, since: str, until: str, sacct_file: str | None,
-               min_jobs: int, out_path: str | None, output_format: str) -> None:
+               min_jobs: int, out_path: str | None, use_scripts: bool, max_scripts: int,
+               script_cache: str | None, rank: bool, site_out: str | None,
+               output_format: str) -> None:
     """How fast each GPU model ran this site's jobs, per workload class.
 
-    Completed runs of recurring jobs (same user and job name) on different models are
-    compared by a least-squares fit of log run time (one effect per job, one per model), so
-    a long job does not make its model look slow. ratio = the reference model's run time
-    over this model's (2.0: twice as fast); the reference is the first model of the site's
-    gpu_model_order with enough runs. Rows: class, model, ratio, ci_low, ci_high (95 %), n.
+    Completed runs of recurring jobs (same user, job name and batch script) on different
+    models are compared by a least-squares fit of log run time (one effect per job, one per
+    model), so a long job does not make its model look slow. ratio = the reference model's
+    run time over this model's (2.0: twice as fast); the reference is the first model of the
+    site's gpu_model_order with enough runs. Rows: class, model, ratio, ci_low, ci_high
+    (95 %), n. Where a job's script is not stored, its recurring job is (user, job name),
+    and the notes say so.
 
     \b
     Example:
       hetslurm learn speeds --since now-30d --format json
       hetslurm learn speeds --out speeds.toml   # then merge into the site's [levers]
+      hetslurm learn speeds --rank --site-out proposed.toml && hetslurm site diff proposed.toml
     """
+    from hetslurm.audit.ranking import merged_site, rank_classes, ranking_section
     from hetslurm.audit.sacct import parse_sacct_json, read_accounting, sacct_result
-    from hetslurm.audit.speeds import learn_speeds, speed_section
+    from hetslurm.audit.scripts import attach_hashes, default_cache_path, read_script_hashes
+    from hetslurm.audit.speeds import jobs_for_scripts, learn_speeds, speed_section
     from hetslurm.cli.audit_cmd import time_range
     from hetslurm.errors import ConfigError, MetricsError
     from hetslurm.site import load_site
     from hetslurm.site.render import write_rendered
-    from hetslurm.textfile import MAX_DATA_BYTES, read_file_bytes
+    from hetslurm.textfile import MAX_DATA_BYTES, read_file_bytes, read_text_file
 
+    rank = rank or site_out is not None
     t0, t1 = time_range(since, until)
     path = site_path_or_none(site_file)
     site = load_site(path) if path else None
+    if rank and site is None:
+        raise ConfigError("--rank and --site-out need the site file (--site)")
     try:
         if sacct_file:
             acct = parse_sacct_json(read_file_bytes(sacct_file, what="sacct JSON file",
@@ -64,17 +92,49 @@ def speeds_cmd(site_file: str | None, since: str, until: str, sacct_file: str | 
             acct = sacct_result(read_accounting(dict(os.environ), t0, t1), site)
     except MetricsError as exc:
         raise ConfigError(f"accounting could not be read: {exc}") from exc
+    jobs = acct.jobs
+    notes: list[str] = []
+    if use_scripts and jobs is not None and len(jobs):
+        from hetslurm.slurm import get_backend
+
+        reader = None if sacct_file else get_backend("cli", dict(os.environ))
+        cache = Path(script_cache) if script_cache else default_cache_path()
+        hashes = read_script_hashes(jobs_for_scripts(jobs, min_jobs=min_jobs), reader,
+                                    cache, limit=max_scripts)
+        notes += hashes.notes
+        jobs = attach_hashes(jobs, hashes)
     order = site.scheduling.gpu_model_order if site is not None else ()
-    res = learn_speeds(acct.jobs, model_order=order, min_jobs=min_jobs)
+    res = learn_speeds(jobs, model_order=order, min_jobs=min_jobs)
+    notes = res.notes + notes
+    rankings = rank_classes(res, site) if rank and site is not None else []
+    merged = None
+    if site_out and site is not None and path is not None:
+        text, more = merged_site(read_text_file(path, what="site file"), str(path), res, site,
+                                 rankings)
+        merged, notes = text, notes + more
     rows = [r.to_dict() for r in res.rows]
-    doc = {"rows": rows, "runs": res.runs, "left_out": res.left_out,
-           "skipped_records": acct.skipped, "since": t0, "until": t1}
+    doc: dict[str, object] = {"rows": rows, "runs": res.runs, "left_out": res.left_out,
+                              "notes": notes, "skipped_records": acct.skipped,
+                              "since": t0, "until": t1}
+    if rank:
+        doc["rankings"] = [rk.to_dict() for rk in rankings]
     emit(rows, output_format, title=f"speeds from {res.runs} completed GPU runs",
          document=doc)
+    for note in notes:
+        click.echo(f"hetslurm learn speeds: {note}", err=True)
+    for rk in rankings:
+        click.echo(f"hetslurm learn speeds: class {rk.wclass}: "
+                   + (f"proposed {', '.join(rk.proposed)} (site: {', '.join(rk.site_order)})"
+                      if rk.changed else f"stays {', '.join(rk.site_order)}"), err=True)
     if out_path:
         day = "%Y-%m-%d"
         source = (f"{res.runs} runs between {time.strftime(day, time.localtime(t0))} and "
                   f"{time.strftime(day, time.localtime(t1))}")
         out = Path(out_path)
-        write_rendered({out.name: speed_section(res, source=source)}, out.parent or ".")
+        text = speed_section(res, source=source) + (ranking_section(rankings) if rank else "")
+        write_rendered({out.name: text}, out.parent or ".")
         click.echo(f"hetslurm learn speeds: wrote {out_path}", err=True)
+    if merged is not None and site_out:
+        target = Path(site_out)
+        write_rendered({target.name: merged}, target.parent or ".")
+        click.echo(f"hetslurm learn speeds: wrote {site_out}", err=True)

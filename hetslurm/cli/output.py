@@ -49,14 +49,22 @@ def emit(
         sys.stdout.write(buf.getvalue())
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title)
     for col in columns:
         table.add_column(col)
     for row in rows:
-        table.add_row(*(_cell(row.get(c)) for c in columns))
+        # Cells hold data (job names, comments): never markup ("[/]" would raise), never a
+        # control character that reaches the terminal.
+        table.add_row(*(escape(_printable(_cell(row.get(c)))) for c in columns))
     Console().print(table)
+
+
+def _printable(text: str) -> str:
+    return text if text.isprintable() else "".join(c if c.isprintable() else "?"
+                                                    for c in text)
 
 
 def _cell(value: Any) -> str:

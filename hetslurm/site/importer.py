@@ -1296,3 +1296,8 @@ def _seconds(text: str) -> int | str:
         return nums[0] * 3600 + nums[1] * 60 + nums[2]
     return nums[0] * 60 + (nums[1] if len(nums) == 2 else 0)
 
+
+
+#: The writers' TOML key and value, for other writers of site-file text (``learn speeds``).
+toml_key = _key
+toml_value = _value

@@ -471,6 +471,17 @@ class SlurmBackend(abc.ABC):
         also after it ended; :class:`NotFoundError` when none is stored."""
         raise self._unsupported("reading a stored batch script")
 
+    def stored_batch_scripts(self, job_ids: Sequence[int]) -> dict[int, str | None]:
+        """The stored batch script of each job (:meth:`stored_batch_script`), None where
+        slurmdbd kept none; a backend that can read many in one call overrides this."""
+        out: dict[int, str | None] = {}
+        for jid in job_ids:
+            try:
+                out[int(jid)] = self.stored_batch_script(jid)
+            except NotFoundError:
+                out[int(jid)] = None
+        return out
+
     def job_output_files(self, job_id: JobRef) -> OutputFiles:
         """Where a job's stdout and stderr go; :class:`NotFoundError` if gone."""
         raise self._unsupported("reading a job's output files")

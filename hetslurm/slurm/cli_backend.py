@@ -43,13 +43,15 @@ from hetslurm.slurm.backend import (
     Switches,
     SwitchInfo,
 )
-from hetslurm.slurm.sacct import SacctRecords, parse_sacct_document
+from hetslurm.slurm.sacct import SacctRecords, parse_sacct_document, parse_sacct_scripts
 
 #: Seconds any one Slurm command may take before its process group is killed.
 DEFAULT_TIMEOUT_S = 30.0
 #: Commands that may take longer than one read: a reconfigure re-reads every node's
 #: configuration, sacct may page through months of records, slurmdbd may be busy writing.
 RECONFIGURE_TIMEOUT_S = 120.0
+#: Jobs per ``sacct --json -B`` call (a stored script may be up to 4 MB).
+SCRIPTS_PER_CALL = 100
 ACCOUNTING_TIMEOUT_S = 600.0
 SACCTMGR_TIMEOUT_S = 60.0
 #: sbatch waits and retries while slurmctld is busy (a queue thousands of jobs deep); a
@@ -371,6 +373,22 @@ class CliBackend(SlurmBackend):
             raise NotFoundError(f"job {job_id}: no stored batch script (AccountingStoreFlags="
                                 f"job_script, and a batch job?): {out.strip()[:160]!r}")
         return script
+
+    def stored_batch_scripts(self, job_ids: Sequence[int]) -> dict[int, str | None]:
+        if not self.slurm_release.json_batch_scripts:
+            return super().stored_batch_scripts(job_ids)
+        # One sacct per chunk: the text form (-B without --json) puts the scripts one after
+        # the other, and a script may itself hold a "Batch Script for N" line.
+        out: dict[int, str | None] = dict.fromkeys((int(j) for j in job_ids), None)
+        ids = list(out)
+        for i in range(0, len(ids), SCRIPTS_PER_CALL):
+            chunk = ids[i:i + SCRIPTS_PER_CALL]
+            doc = self._json("sacct", "--allusers", "--batch-script", "-j",
+                             ",".join(map(str, chunk)), timeout=ACCOUNTING_TIMEOUT_S).stdout
+            for jid, script in parse_sacct_scripts(doc).items():
+                if jid in out and script is not None:
+                    out[jid] = script
+        return out
 
     def job_output_files(self, job_id: JobRef) -> OutputFiles:
         out = self._run_object(f"job {job_id}", "scontrol", "show", "job", "-o", str(job_id))

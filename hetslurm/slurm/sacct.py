@@ -252,3 +252,28 @@ def parse_sacct_document(text: str | bytes) -> SacctRecords:
                 f"reads {', '.join(sorted(TESTED_JSON_PLUGINS))}: Slurm 22.05, and "
                 "--json=v0.0.42 of 24.11 and 26.05)")
     return SacctRecords(doc.jobs)
+
+
+class _ScriptJob(msgspec.Struct, gc=False):
+    job_id: Int64
+    script: str | None = None
+
+
+class _ScriptDocument(msgspec.Struct, gc=False):
+    jobs: list[_ScriptJob] | None = None
+
+
+def parse_sacct_scripts(text: str | bytes) -> dict[int, str | None]:
+    """``sacct --json --batch-script -j ID,...`` (data_parser v0.0.42): job id -> the stored
+    script, None where the record's ``script`` is missing or empty (none stored).
+
+    Raises :class:`SacctDocumentError` when the output is not such a document.
+    """
+    try:
+        doc = msgspec.json.decode(text, type=_ScriptDocument)
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as exc:
+        raise SacctDocumentError(f"sacct --batch-script output is not a job list: "
+                                 f"{str(exc)[:160]}") from exc
+    if doc.jobs is None:
+        raise SacctDocumentError("sacct --batch-script output has no 'jobs' array")
+    return {j.job_id: (j.script or None) for j in doc.jobs}

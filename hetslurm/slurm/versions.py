@@ -50,17 +50,23 @@ class Release:
     #: 26.05 serve data_parser v0.0.42 (the CLIs' schema); 22.05's slurmrestd serves only
     #: v0.0.36-38, so ``--backend rest`` is refused there (docs/slurm-access.md, "REST").
     rest_api: str | None = None
+    #: ``sacct --json -B -j ID,...`` fills each job record's ``script`` (data_parser v0.0.42,
+    #: seen on 24.11.5: one call for many jobs, each script in its own JSON string); 22.05's
+    #: v0.0.38 records have no ``script``, so there each job is one ``sacct -B -j ID``.
+    json_batch_scripts: bool = False
 
 
 RELEASES: dict[str, Release] = {
     "22.05": Release("22.05", gres_prefix="gres:"),
     "24.11": Release("24.11", gres_prefix="gres/", needs_cgroup_disabled=True,
                      json_option="--json=v0.0.42", all_jobs=("-t", "all"),
-                     node_listing=("scontrol", "show", "node"), rest_api="v0.0.42"),
+                     node_listing=("scontrol", "show", "node"), rest_api="v0.0.42",
+                     json_batch_scripts=True),
     "26.05": Release("26.05", gres_prefix="gres/", needs_cgroup_disabled=True,
                      json_option="--json=v0.0.42", all_jobs=("-t", "all"),
                      node_listing=("scontrol", "show", "node"), lua_error_rejects=True,
-                     prefer_falls_back_at_once=True, rest_api="v0.0.42"),
+                     prefer_falls_back_at_once=True, rest_api="v0.0.42",
+                     json_batch_scripts=True),
 }
 #: Slurm's programs a testbed run from another release's Debian root wraps, and where the
 #: root holds each: the daemons it starts, and the clients the access layer, the tests and a

@@ -102,7 +102,10 @@ NOT_INPUT = {
     ("hook check", "--log"),
     # Outputs.
     ("audit", "--out"), ("state dump", "--out"), ("site import", "--out"),
-    ("learn speeds", "--out"),
+    ("learn speeds", "--out"), ("learn speeds", "--site-out"),
+    # hetslurm's own cache: a version-checked JSON document, ignored (and said so) when it
+    # cannot be read, never an error (hetslurm/audit/scripts.py).
+    ("learn speeds", "--script-cache"),
     # Scripts are passed on as bytes (Slurm does); see test_explain_script_* below.
     ("explain", "JOB_SCRIPT"),
     # A sacct JSON file is read as bytes and judged as sacct's output; see below.
