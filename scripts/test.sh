@@ -37,6 +37,7 @@ RELEASE_TIER=(
     tests/cluster/test_metrics_collect.py
     tests/cluster/test_act_requeue.py
     tests/cluster/test_prefer_fallback.py
+    tests/cluster/test_ranked_fallback.py
     tests/cluster/test_status_live.py
     tests/cluster/test_place_live.py
     tests/cluster/test_slurm_free_text_live.py

@@ -13,12 +13,17 @@ each job to the per-model partitions of its partition in its own order, so:
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from _cluster_helpers import Jobs
-from test_hook_cluster import A100, H100, running_on, sbatch, show
+from test_hook_cluster import A100, DEMO_FILE, H100, running_on, sbatch, show
+
+from hetslurm.process import run_command
 
 #: Slurm's default sched_interval (the testbed sets none): the bound the issue names.
 SCHED_INTERVAL_S = 60.0
@@ -38,15 +43,34 @@ def _wait_done(jobs: Jobs, job_id: str) -> None:
     jobs.wait_state(job_id, {"COMPLETED"}, timeout=60)
 
 
+def _explained_node(tmp_path: Path, env: dict[str, str], het: str) -> str:
+    """The node ``hetslurm explain --state live`` predicts for a one-node request."""
+    script = tmp_path / "explain.sh"
+    script.write_text(_script(het, 0))
+    # cwd away from the checkout (a fresh clone's tree has no compiled core).
+    out = run_command([sys.executable, "-m", "hetslurm", "explain", str(script), "--site",
+                       str(DEMO_FILE), "--state", "live", "--format", "json"], timeout=120,
+                      env={**os.environ, **env}, cwd=tmp_path).stdout
+    doc = json.loads(out)
+    assert doc["placement"] and doc["placement"]["placeable"], doc.get("placement_note")
+    (node,) = doc["placement"]["nodes"]
+    return str(node)
+
+
 @pytest.mark.parametrize(("wclass", "first"), [("inference", A100), ("train", H100)])
 def test_each_class_gets_its_first_model_job_after_job(jobs: Jobs, tmp_path: Path,
+                                                       slurm_env: dict[str, str],
                                                        wclass: str, first: set[str]) -> None:
     """20 jobs, each submitted after the previous one ended: all on the class's first
-    model, although the site's node weights put H100 first for everyone."""
-    for _ in range(20):
+    model, although the site's node weights put H100 first for everyone; and the node
+    `explain` predicts on the idle testbed is the one Slurm picks (item 6)."""
+    predicted = _explained_node(tmp_path, slurm_env, f"class={wclass} gpus=1")
+    for i in range(20):
         job = _submit(jobs, tmp_path, f"class={wclass} gpus=1", seconds=0)
         nodes = running_on(jobs, job)
         assert nodes <= first, (wclass, job, nodes)
+        if i == 0:
+            assert nodes == {predicted}, (predicted, nodes)
         _wait_done(jobs, job)
         fields = show(jobs, job)
         assert fields["Partition"] == ("gpu_a100" if first == A100 else "gpu_h100")
@@ -104,8 +128,6 @@ def test_24_inference_jobs_fill_a100_then_h100_and_full_cluster_falls_back(
 
 
 def jobs_cancel(jobs: Jobs, job_id: str) -> None:
-    from hetslurm.process import run_command
-
     run_command(["scancel", job_id], timeout=30, env=jobs.env)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

@@ -68,7 +68,7 @@ def test_section_defaults_and_unknown_keys(tmp_path: Path) -> None:
     site = load_site(site_file(tmp_path, pending_limit_s=600))
     pol = site.sections["rebalance"]
     assert pol.pending_limit_s == 600 and pol.time_budget_s == 240
-    assert pol.relax_kinds == ("switch-wait", "models", "prefer")
+    assert pol.relax_kinds == ("switch-wait", "models", "prefer", "wait-for")
     bad = tmp_path / "bad"
     bad.mkdir()
     with pytest.raises(ConfigError, match="pending_limit"):
