@@ -14,6 +14,7 @@ import re
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -445,7 +446,16 @@ register_section("levers", Levers | None, None)
 MAX_CLASSIFY_NAME = 200
 #: At most this many rules: each is one row of the table rendered into the hook.
 MAX_CLASSIFY_RULES = 20000
-_NO_CONTROL = r"^[^\x00-\x1f\x7f]*$"
+
+
+def _no_control(value: str) -> str:
+    if re.search(r"[\x00-\x1f\x7f]", value):
+        raise ValueError("holds a control character (newline, tab, NUL, ...); rules key on "
+                         "printable names only")
+    return value
+
+
+_Printable = AfterValidator(_no_control)
 
 
 class ClassifyRule(_Strict):
@@ -454,12 +464,12 @@ class ClassifyRule(_Strict):
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    user: Annotated[str, Field(min_length=1, max_length=64, pattern=_NO_CONTROL)]
+    user: Annotated[str, Field(min_length=1, max_length=64), _Printable]
     #: The job name exactly as Slurm holds it (sbatch's default: the script's file name).
-    name: Annotated[str, Field(min_length=1, max_length=MAX_CLASSIFY_NAME, pattern=_NO_CONTROL)]
+    name: Annotated[str, Field(min_length=1, max_length=MAX_CLASSIFY_NAME), _Printable]
     wclass: str = Field(alias="class")
     #: Why, in one line (shown to the user and kept in the rule file for the admin).
-    evidence: Annotated[str, Field(max_length=200, pattern=_NO_CONTROL)] = ""
+    evidence: Annotated[str, Field(max_length=200), _Printable] = ""
 
 
 class Classify(_Strict):
