@@ -65,7 +65,7 @@ def test_a_second_rule_for_the_same_job_is_refused() -> None:
 
 
 def test_unknown_mode_is_refused() -> None:
-    with pytest.raises(ConfigError, match="classify.mode"):
+    with pytest.raises(ConfigError, match=r"classify\.mode"):
         site_with("sometimes")
 
 
@@ -128,7 +128,8 @@ def test_apply_moves_the_job_to_the_cpu_class(release: str) -> None:
         want = {"script": "history" if job.get("script") == script() else "script",
                 "comment": "comment"}
         assert rec.source == want["comment" if "comment" in job else "script"]
-    kept = rt.submit({"user_name": "ann", "name": "prep.sh", "script": script("#HET mem=2G gpus=1")})
+    kept = rt.submit({"user_name": "ann", "name": "prep.sh",
+                      "script": script("#HET mem=2G gpus=1")})
     assert kept.fields["min_mem_per_node"] == 2048 and "left out: gpus=1" in kept.user_messages[-1]
 
 
