@@ -1291,7 +1291,7 @@ M.internal_partition = internal_partition
 --   writes   { field, value, old, field, value, old, ... } in write order, nw of them;
 --            notes: lines for the user
 --   code, message (reject); record (the segment written to rules.record.field)
-function M.decide(job, rules, hetreq, slurm)
+local function decide_request(job, rules, hetreq, slurm)
   local C = codes(slurm)
   local forged = reserved_text(job, rules.record)
   if forged then
@@ -1392,6 +1392,151 @@ function M.decide(job, rules, hetreq, slurm)
   return rewrite(d, job, rules, source, req.workload_class, gpu_text, fpga_text,
     d.kept and join(d.kept, ",") or "", req.on_idle, req.energy ~= "normal" and req.energy or nil,
     request)
+end
+
+-- Classification from history (issue 22) ------------------------------------------------------
+
+-- rules.classify, rendered from the site's [classify] section (hetslurm/site/hook_rules.py
+-- classify_table), is absent unless its mode is suggest or apply and it has rules: then a job
+-- costs nothing more than reading that one missing field. With it, a job costs one read of
+-- its name and one table lookup; only a job whose name some rule holds has its user read.
+-- A rule applies to a job that names no class: one without a request of its own, or whose
+-- #HET / het: request has no class=. It never turns an accepted job into a rejected one:
+-- a rejected job is left to its own message, and an applied class that would be refused
+-- (the job's own --gres asks for GPUs and the class is CPU-only) is only suggested.
+local setmetatable = setmetatable
+
+-- A request's keys left out when a CPU-only class is applied (what the class replaces).
+local DEVICE_KEYS = { gpus = true, ["gpus-per-node"] = true, ["gpu-type"] = true,
+                      ["min-gpu-mem"] = true, fpga = true }
+
+-- The request as the class would be applied: the job's own words in the grammar's key order
+-- (device words dropped for a CPU-only class), then class=NAME. Returns text, dropped words.
+local function applied_request(req, hetreq, cls, class)
+  local words, dropped = {}, nil
+  if req then
+    local tokens = req.tokens
+    for _, key in ipairs(hetreq.KEYS) do
+      local w = tokens[key]
+      if w then
+        if cls.cpu_only and (DEVICE_KEYS[key] or (key == "locality"
+            and string_find(w, "nvlink", 1, true))) then
+          dropped = dropped and (dropped .. " " .. w) or w
+        else
+          words[#words + 1] = w
+        end
+      end
+    end
+  end
+  words[#words + 1] = "class=" .. class
+  return table_concat(words, " "), dropped
+end
+
+-- The record's segment with the classification added ("infer", "how"), staged in place of
+-- the one rewrite() staged last. src: where the job's own request came from, for an applied
+-- class (decided from a script the hook made: "history" when the job brought no request).
+local function record_classified(d, job, rules, class, how, src)
+  local rec, seg = rules.record, d.record
+  if not seg then
+    return
+  end
+  if src and src ~= "script" then
+    local s, e = string_find(seg, '"src":"script"', 1, true)
+    if s then
+      seg = string_sub(seg, 1, s - 1) .. '"src":"' .. src .. '"' .. string_sub(seg, e + 1)
+    end
+  end
+  seg = string_sub(seg, 1, -2) .. ',"infer":"' .. class .. '","how":"' .. how .. '"}'
+  if #seg > rec.max_bytes then
+    return -- the record stays as the decision wrote it; the user is still told
+  end
+  local old = job[rec.field]
+  local merged = seg
+  if type(old) == "string" and old ~= "" then
+    merged = merge_record(old, seg, rec.key)
+  end
+  if #merged > rec.max_field_bytes then
+    return
+  end
+  local k = d.nw * 3
+  d.writes[k - 1] = merged
+  d.writes[k] = old == nil and false or old
+  d.record = seg
+end
+
+local function classify(d, job, rules, hetreq, slurm, cf)
+  local name = job.name
+  if type(name) ~= "string" then
+    return d
+  end
+  local by_user = cf.names[name]
+  if by_user == nil then
+    return d
+  end
+  local user = job.user_name
+  local rule = type(user) == "string" and by_user[user] or nil
+  if not rule then
+    return d
+  end
+  local class = rule.class
+  local cls = rules.classes[class]
+  if not cls then
+    return d
+  end
+  local source, text = request_text(job)
+  local req
+  if source then
+    req = hetreq.parse(text)
+    if not req or req.workload_class then
+      return d -- the job named its class (or its request is read another way: left alone)
+    end
+  end
+  local why = printable(rule.why or "", 160)
+  local how, message = "suggest", nil
+  if cf.mode == "apply" then
+    local request, dropped = applied_request(req, hetreq, cls, class)
+    -- The job with the applied request in its script: every other field reads through.
+    local proxy = setmetatable({ script = "#!/bin/sh\n#HET " .. request .. "\n" },
+      { __index = function(_, k) return job[k] end })
+    if source == "comment" then
+      proxy.comment = false -- the request now comes from the proxy's script
+    end
+    local applied = decide_request(proxy, rules, hetreq, slurm)
+    if applied.action == "rewrite" then
+      d, how = applied, "apply"
+      message = "hetslurm: class=" .. class .. " applied from this job's history (" .. why
+        .. ")" .. (dropped and ("; left out: " .. dropped) or "")
+        .. "; to choose yourself, put class=NAME in a #HET line"
+    else
+      message = "hetslurm: class=" .. class .. " suggested from this job's history (" .. why
+        .. ") but not applied: "
+        .. printable((string_gsub(applied.message or "", "^#HET line %d+: ", "")), 120)
+    end
+  end
+  if not message then
+    message = "hetslurm: class=" .. class .. " suggested from this job's history (" .. why
+      .. "); to use it, add '#HET class=" .. class .. "'"
+  end
+  if d.action == "none" then
+    -- No request of its own: the suggestion is recorded (a record-only rewrite).
+    d = { action = "none", nw = 0, writes = nil, record = nil, done = nil, notes = nil,
+          kept = nil }
+    rewrite(d, job, rules, "history", nil, nil, nil, "", nil, nil, nil)
+  end
+  record_classified(d, job, rules, class, how, how == "apply" and (source or "history") or nil)
+  note(d, message)
+  return d
+end
+
+-- decide(job, rules, hetreq, slurm) -> decision table (see decide_request above); with the
+-- site's classification rules, a job that names no class may be told or given one.
+function M.decide(job, rules, hetreq, slurm)
+  local d = decide_request(job, rules, hetreq, slurm)
+  local cf = rules.classify
+  if cf == nil or d.action == "reject" then
+    return d
+  end
+  return classify(d, job, rules, hetreq, slurm, cf)
 end
 
 -- One line for slurmctld.log (slurm.log_info).

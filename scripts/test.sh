@@ -22,7 +22,8 @@ echo "== the hook under Lua 5.2, 5.3 and 5.4 (what RPM builds of job_submit/lua 
 for lua in lua52 lua53 lua54; do
     HETSLURM_LUA=$lua pytest -p no:cacheprovider -q tests/unit/test_hook_*.py \
         tests/unit/test_hostile_scripts.py tests/unit/test_request*.py \
-        tests/unit/test_decision_record.py tests/unit/test_explain_options.py
+        tests/unit/test_decision_record.py tests/unit/test_explain_options.py \
+        tests/unit/test_classify.py
 done
 
 # The cluster tests whose outcome depends on the Slurm release: jobs, the hook, the access
@@ -32,6 +33,7 @@ RELEASE_TIER=(
     tests/cluster/test_site_import_live.py
     tests/cluster/test_accounting_usage.py
     tests/cluster/test_learn_speeds_live.py
+    tests/cluster/test_classify_live.py
     tests/cluster/test_testbed_jobs.py
     tests/cluster/test_hook_cluster.py
     tests/cluster/test_metrics_collect.py

@@ -27,6 +27,8 @@ ABOUT = {
     "right_size": "Jobs a slower model would have served (site speed table).",
     "placement": "Multi-GPU jobs split across NVLink islands or leaf switches.",
     "hook_decisions": "What jobs asked for (models, locality) against what they got.",
+    "class_agreement": "Jobs that declared a class: how often the class inferred from what "
+                       "they did (GPU used or not) agreed.",
 }
 
 

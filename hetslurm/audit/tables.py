@@ -31,7 +31,10 @@ DEFAULT_SPEED = {"b200": 6.0, "h200": 3.2, "h100": 3.0, "gh200": 3.2, "l40s": 1.
                  "a100": 1.0, "l40": 0.6, "a40": 0.5, "a10": 0.4, "v100": 0.4, "l4": 0.4,
                  "t4": 0.2}
 TABLES = ("by_gpu_model", "by_partition", "by_account", "by_user", "by_class", "idle_jobs",
-          "wait", "fragmentation", "right_size", "placement", "hook_decisions")
+          "wait", "fragmentation", "right_size", "placement", "hook_decisions",
+          "class_agreement")
+AGREEMENT_COLUMNS = ("class", "cpu_only", "jobs", "with_evidence", "inferred_cpu",
+                     "inferred_gpu", "agreed", "agreement_pct", "rule_jobs", "rule_agreed")
 
 
 @dataclass
@@ -501,6 +504,84 @@ def placement(j: Any, s: Any, site: Site | None) -> tuple[Any, Any]:
     return out[pcols], hook
 
 
+def class_agreement(jobs: Any, pj: Any, site: Site | None, usage: Usage, *, since: float,
+                    until: float) -> Any:
+    """For jobs that declared a class: how often the class inferred from the same evidence
+    (:mod:`hetslurm.policy.classify`, what ``learn classes`` proposes from) agreed.
+
+    Per declared class: ``jobs``; ``with_evidence`` (ended runs whose GPU use is known, or
+    that held no GPU); ``inferred_cpu`` / ``inferred_gpu`` (the evidence says the job never
+    used a GPU / used one); ``agreed`` (a CPU-only class inferred cpu, a device class
+    inferred gpu) and ``agreement_pct`` of ``with_evidence``; ``rule_jobs`` / ``rule_agreed``
+    the same against the site's ``[classify]`` rules (same user and job name). A class the
+    hook applied from the rules is not a declared class and is left out. Jobs: those that
+    ran in ``[since, until)``, or were submitted then and never started.
+    """
+    import pandas as pd
+
+    from hetslurm.policy.classify import cpu_classes, infer, run_gpu_use
+    from hetslurm.request.record import find_record
+    from hetslurm.site.hook_rules import hook_policy
+    from hetslurm.site.schema import Classify, HookPolicy
+
+    policy = hook_policy(site) if site is not None else HookPolicy()
+    cf = site.sections.get("classify") if site is not None else None
+    rules = ({(r.user, r.name): r.wclass for r in cf.rules} if isinstance(cf, Classify)
+             else {})
+    cpu = set(cpu_classes(site))
+    per: dict[str, dict[str, int]] = {}
+    if policy.record_field != "none" and jobs is not None and len(jobs):
+        cols = ["job_id", "user", "name", "gpus", "start", "submit", "end",
+                policy.record_field]
+        start = jobs["start"].fillna(0).astype(float)
+        end = jobs["end"].fillna(0).astype(float)
+        ran = (start > 0) & (start < until) & ((end <= 0) | (end > since))
+        submit = jobs["submit"].fillna(0).astype(float)
+        waiting = (start <= 0) & (submit >= since) & (submit < until)
+        for r in jobs.loc[ran | waiting, cols].to_dict("records"):
+            rec = find_record(str(r[policy.record_field] or "") or None, policy.record_key)
+            declared = rec.declared_class if rec is not None else None
+            if not declared:
+                continue
+            row = per.setdefault(declared, dict.fromkeys(AGREEMENT_COLUMNS[2:], 0))
+            row["jobs"] += 1
+            ruled = rules.get((str(r["user"]), str(r["name"])))
+            if ruled is not None:
+                row["rule_jobs"] += 1
+                row["rule_agreed"] += ruled == declared
+            if not r["start"] or r["start"] != r["start"]:
+                continue  # never started: no evidence
+            jid = int(r["job_id"])
+            ev = pj.loc[jid] if jid in pj.index else None
+            known = (float(ev["sampled_gpu_hours"]) - float(ev["unknown_gpu_hours"])
+                     if ev is not None else None)
+            use = run_gpu_use(int(r["gpus"] or 0),
+                              None if ev is None else _maybe(ev["max_util_pct"]),
+                              None if ev is None else _maybe(ev["max_memory_mib"]),
+                              known, usage)
+            verdict = infer([use], "cpu")
+            if verdict.kind is None:
+                continue
+            row["with_evidence"] += 1
+            row["inferred_" + verdict.kind] += 1
+            row["agreed"] += (verdict.kind == "cpu") == (declared in cpu)
+    out = []
+    for name in sorted(per):
+        row = per[name]
+        pct = 100.0 * row["agreed"] / row["with_evidence"] if row["with_evidence"] else None
+        out.append({"class": name, "cpu_only": name in cpu, **row,
+                    "agreement_pct": None if pct is None else round(pct, 1)})
+    return pd.DataFrame(out, columns=list(AGREEMENT_COLUMNS))
+
+
+def _maybe(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
 def audit(jobs: Any, samples: Any, site: Site | None, *, since: float, until: float,
           now: float, usage: Usage | None = None) -> AuditResult:
     """Compute every table of :data:`TABLES` for ``[since, until)``."""
@@ -518,6 +599,8 @@ def audit(jobs: Any, samples: Any, site: Site | None, *, since: float, until: fl
     tables["fragmentation"] = fragmentation(s)
     tables["right_size"] = right_size(j, pj, site, usage)
     tables["placement"], tables["hook_decisions"] = placement(j, s, site)
+    tables["class_agreement"] = class_agreement(jobs, pj, site, usage, since=since,
+                                                until=until)
     held_ids = set(s.loc[s["held"], "job_id"].astype("int64").unique()) if len(s) else set()
     meta: dict[str, Any] = {
         "since": since, "until": until, "jobs": len(j), "samples": len(s),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from hetslurm.cli.options import format_option, site_option, site_path_or_none
+from hetslurm.cli.options import format_option, site_option, site_path, site_path_or_none
 from hetslurm.cli.output import emit
 
 
@@ -138,3 +138,101 @@ def speeds_cmd(site_file: str | None, since: str, until: str, sacct_file: str | 
         target = Path(site_out)
         write_rendered({target.name: merged}, target.parent or ".")
         click.echo(f"hetslurm learn speeds: wrote {site_out}", err=True)
+
+
+@learn.command("classes")
+@site_option()
+@click.option("--since", default="now-30d", show_default=True,
+              help="Start: epoch, ISO 8601 or now-N{s,m,h,d}.")
+@click.option("--until", default="now", show_default=True, help="End (exclusive).")
+@click.option("--sacct-file", type=click.Path(dir_okay=False), default=None,
+              help="Read accounting from this 'sacct --json' output instead of running sacct.")
+@click.option("--store", type=click.Path(file_okay=False), default=None,
+              help="Metrics store folder [default: [collector] store of the site].")
+@click.option("--min-jobs", type=click.IntRange(1), default=3, show_default=True,
+              help="Fewest runs with evidence for a rule (fewer: reported, never guessed).")
+@click.option("--cpu-class", default=None,
+              help="The CPU class rules point to [default: the site's only CPU class].")
+@click.option("--mode", type=click.Choice(["off", "suggest", "apply"]), default="suggest",
+              show_default=True, help="The mode written into the proposed [classify].")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the proposed [classify] section (TOML) to this file (not "
+                   "written when nothing is proposed).")
+@format_option
+def classes_cmd(site_file: str | None, since: str, until: str, sacct_file: str | None,
+                store: str | None, min_jobs: int, cpu_class: str | None, mode: str,
+                out_path: str | None, output_format: str) -> None:
+    """Which class recurring jobs without class= belong to, from what their runs did.
+
+    Runs of the same user and job name are judged by the collector's samples of their job
+    ids: a job whose runs never used a GPU (every sample below [usage] idle_threshold_pct,
+    or no GPU held), at least --min-jobs of them, gets a rule for the site's CPU class; CPU
+    time and IO from accounting are shown as evidence. Rows: user, name, runs, the evidence,
+    declared (classes the runs named), class (proposed) and note. The rules go into the
+    site's [classify] section; with mode suggest the hook tells the user, with apply it
+    applies the class (docs/learn.md).
+
+    \b
+    Example:
+      hetslurm learn classes --since now-30d
+      hetslurm learn classes --out classify.toml   # then merge into the site file
+    """
+    from hetslurm.audit.classes import (
+        CLASS_COLUMNS,
+        classify_section,
+        learn_classes,
+        usage_by_job,
+    )
+    from hetslurm.audit.run import AUDIT_COLUMNS
+    from hetslurm.audit.sacct import sacct_result
+    from hetslurm.cli.audit_cmd import time_range
+    from hetslurm.errors import ConfigError, MetricsError
+    from hetslurm.metrics.store import SegmentStore
+    from hetslurm.site import load_site
+    from hetslurm.site.render import write_rendered
+    from hetslurm.slurm.sacct import SacctDocumentError, parse_sacct_document
+    from hetslurm.textfile import MAX_DATA_BYTES, read_file_bytes
+
+    t0, t1 = time_range(since, until)
+    site = load_site(site_path(site_file))
+    try:
+        if sacct_file:
+            records = parse_sacct_document(read_file_bytes(
+                sacct_file, what="sacct JSON file", max_bytes=MAX_DATA_BYTES))
+        else:
+            from hetslurm.audit.sacct import read_accounting
+
+            records = read_accounting(dict(os.environ), t0, t1)
+    except (MetricsError, SacctDocumentError) as exc:
+        raise ConfigError(f"accounting could not be read: {exc}") from exc
+    acct = sacct_result(records, site)
+    folder = store or site.sections["collector"].store
+    samples, report = SegmentStore.of_site(folder, site).read(t0, t1, columns=AUDIT_COLUMNS)
+    res = learn_classes(acct.jobs, samples, site, since=t0, until=t1,
+                        usage_of=usage_by_job(records), min_jobs=min_jobs,
+                        cpu_class=cpu_class)
+    rows = [r.to_dict() for r in res.rows]
+    doc = {"rows": rows, "proposed": len(res.proposed()), "runs": res.runs,
+           "cpu_class": res.cpu_class, "left_out": res.left_out, "problems": res.problems,
+           "skipped_records": acct.skipped, "store": report.to_dict(), "since": t0,
+           "until": t1}
+    emit([{c: r[c] for c in CLASS_COLUMNS} for r in rows], output_format,
+         title=f"classes from {res.runs} runs of {len(rows)} recurring jobs", document=doc)
+    for problem in res.problems:
+        click.echo(f"hetslurm learn classes: {problem}", err=True)
+    for why, n in res.left_out.items():
+        if n:
+            click.echo(f"hetslurm learn classes: left out {n} run(s): {why}", err=True)
+    if not res.proposed():
+        click.echo("hetslurm learn classes: no rule proposed (see the note of each row)"
+                   + ("; nothing written" if out_path else ""), err=True)
+        return
+    if out_path:
+        day = "%Y-%m-%d"
+        source = (f"{res.runs} runs between {time.strftime(day, time.localtime(t0))} and "
+                  f"{time.strftime(day, time.localtime(t1))}")
+        out = Path(out_path)
+        write_rendered({out.name: classify_section(res, mode=mode, source=source)},
+                       out.parent or ".")
+        click.echo(f"hetslurm learn classes: wrote {len(res.proposed())} rule(s) to "
+                   f"{out_path}", err=True)

@@ -34,7 +34,8 @@ _SEGMENT = re.compile(r"(?:^|\s)([a-z][a-z0-9_-]{0,31}):(\{[^{}]*\})")
 # JSON name -> attribute, for the string fields (every value of the record is a string but v).
 _TEXT = {"rules": "rules", "mode": "mode", "src": "source", "outcome": "outcome",
          "class": "workload_class", "gpu": "gpu", "fpga": "fpga", "on_idle": "on_idle",
-         "energy": "energy", "req": "request"}
+         "energy": "energy", "req": "request", "infer": "inferred_class",
+         "how": "classified"}
 _LISTS = {"set": "set_fields", "kept": "kept"}
 
 
@@ -56,6 +57,9 @@ class DecisionRecord:
         on_idle: the request's ``on-idle=``.
         energy: the request's ``energy=`` when not ``normal``.
         request: the request in canonical form (``format_request``'s text).
+        inferred_class: the class the site's ``[classify]`` rules gave a job that named none.
+        classified: how that class was used: ``suggest`` (the user was told) or ``apply``
+            (the job was decided with it; ``workload_class`` is then that class).
     """
 
     version: int
@@ -71,6 +75,14 @@ class DecisionRecord:
     on_idle: str | None = None
     energy: str | None = None
     request: str | None = None
+    inferred_class: str | None = None
+    classified: str | None = None
+
+    @property
+    def declared_class(self) -> str | None:
+        """The class the job itself named (``None`` when none, or when the hook applied
+        one from the site's classification rules)."""
+        return None if self.classified == "apply" else self.workload_class
 
     @property
     def enforced(self) -> bool:

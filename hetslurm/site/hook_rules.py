@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hetslurm.site.model import Site
-from hetslurm.site.schema import HookPolicy, WorkloadClass
+from hetslurm.site.schema import Classify, HookPolicy, WorkloadClass
 
 #: Bumped when the table's shape changes (the hook refuses nothing; tests pin the shape).
 RULES_VERSION = 1
@@ -116,8 +116,29 @@ def hook_rules(site: Site) -> dict[str, Any]:
             "max_field_bytes": policy.record_max_field_bytes,
         },
     }
+    classify = classify_table(site)
+    if classify is not None:
+        rules["classify"] = classify
     rules["digest"] = rules_digest(rules)
     return rules
+
+
+def classify_table(site: Site) -> dict[str, Any] | None:
+    """The ``[classify]`` rules as the hook's lookup table, or None (mode ``off`` or no
+    rules: then the table is absent and the hook's check is one missing-field read).
+
+    ``names`` maps a job name to ``{user: {class, why}}``: the hook reads the job's name,
+    and only when some rule has that name the user, so a job no rule names costs one table
+    lookup (docs/hook.md, "Classification from history").
+    """
+    cf = site.sections.get("classify")
+    if not isinstance(cf, Classify) or cf.mode == "off" or not cf.rules:
+        return None
+    names: dict[str, dict[str, dict[str, str]]] = {}
+    for rule in cf.rules:
+        names.setdefault(rule.name, {})[rule.user] = {"class": rule.wclass,
+                                                       "why": rule.evidence}
+    return {"mode": cf.mode, "names": names}
 
 
 def rules_digest(rules: Mapping[str, Any]) -> str:

@@ -461,6 +461,7 @@ def _resolve(ctx: _Ctx, f: SiteFile, sections: dict[str, Any]) -> Site:
     _check_levers_section(ctx, levers, nodes, partitions)
     _check_usage_section(ctx, sections.get("usage"), gpu_present)
     _check_stall_section(ctx, sections.get("stall"), partitions)
+    _check_classify_section(ctx, sections.get("classify"), sections.get("classes", {}))
     return Site(
         path=ctx.path,
         name=f.name,
@@ -570,6 +571,22 @@ def _check_classes_section(ctx: _Ctx, classes: dict[str, Any], models: set[str],
         if wc.partition is not None and wc.partition not in partitions:
             raise ctx.error((*key, "partition"), f"unknown partition '{wc.partition}'"
                             f"{did_you_mean(wc.partition, partitions)}")
+
+
+def _check_classify_section(ctx: _Ctx, classify: Any, classes: dict[str, Any]) -> None:
+    if classify is None:
+        return
+    seen: dict[tuple[str, str], int] = {}
+    for i, rule in enumerate(classify.rules):
+        key: KeyPath = ("classify", "rules", i)
+        if rule.wclass not in classes:
+            raise ctx.error((*key, "class"), f"unknown class '{rule.wclass}'"
+                            f"{did_you_mean(rule.wclass, classes)}; classes: "
+                            f"{', '.join(sorted(classes)) or '(none)'}")
+        first = seen.setdefault((rule.user, rule.name), i)
+        if first != i:
+            raise ctx.error(key, f"a second rule for user {rule.user!r} and job name "
+                            f"{rule.name!r} (the first is rule {first}); keep one")
 
 
 def _check_hook_section(ctx: _Ctx, hook: Any, gpu_models: set[str]) -> None:

@@ -14,6 +14,7 @@ import re
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -446,3 +447,48 @@ class Levers(_Strict):
 
 
 register_section("levers", Levers | None, None)
+
+
+#: The longest job name a classification rule may key on (Slurm keeps names far shorter in
+#: practice; the bound keeps the rendered hook small and every message readable).
+MAX_CLASSIFY_NAME = 200
+#: At most this many rules: each is one row of the table rendered into the hook.
+MAX_CLASSIFY_RULES = 20000
+
+
+def _no_control(value: str) -> str:
+    if re.search(r"[\x00-\x1f\x7f]", value):
+        raise ValueError("holds a control character (newline, tab, NUL, ...); rules key on "
+                         "printable names only")
+    return value
+
+
+_Printable = AfterValidator(_no_control)
+
+
+class ClassifyRule(_Strict):
+    """One learned rule: jobs of ``user`` named ``name`` submitted without ``class=`` belong
+    to ``class`` (``hetslurm learn classes`` writes them; docs/learn.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    user: Annotated[str, Field(min_length=1, max_length=64), _Printable]
+    #: The job name exactly as Slurm holds it (sbatch's default: the script's file name).
+    name: Annotated[str, Field(min_length=1, max_length=MAX_CLASSIFY_NAME), _Printable]
+    wclass: str = Field(alias="class")
+    #: Why, in one line (shown to the user and kept in the rule file for the admin).
+    evidence: Annotated[str, Field(max_length=200), _Printable] = ""
+
+
+class Classify(_Strict):
+    """``[classify]``: classification from evidence (issue 22; docs/site-config.md).
+
+    ``off``: the rules are kept but not rendered into the hook; ``suggest``: the hook tells
+    the user which class it would use and records it; ``apply``: the hook applies it.
+    """
+
+    mode: Annotated[str, Field(pattern=r"^(off|suggest|apply)$")] = "off"
+    rules: Annotated[tuple[ClassifyRule, ...], Field(max_length=MAX_CLASSIFY_RULES)] = ()
+
+
+register_section("classify", Classify, Classify())

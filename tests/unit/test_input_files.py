@@ -89,6 +89,7 @@ OPTIONS: list[tuple[str, str, list[str], str]] = [
     ("rebalance", "--site", ["rebalance", "--site", BAD], "site file"),
     ("site import", "--gres-conf", ["site", "import", "--gres-conf", BAD], "gres.conf"),
     ("learn speeds", "--site", ["learn", "speeds", "--site", BAD], "site file"),
+    ("learn classes", "--site", ["learn", "classes", "--site", BAD], "site file"),
     ("bench accounting", "--site", ["bench", "accounting", "--site", BAD], "site file"),
 ]
 
@@ -102,7 +103,7 @@ NOT_INPUT = {
     ("hook check", "--log"),
     # Outputs.
     ("audit", "--out"), ("state dump", "--out"), ("site import", "--out"),
-    ("learn speeds", "--out"), ("learn speeds", "--site-out"),
+    ("learn speeds", "--out"), ("learn speeds", "--site-out"), ("learn classes", "--out"),
     # hetslurm's own cache: a version-checked JSON document, ignored (and said so) when it
     # cannot be read, never an error (hetslurm/audit/scripts.py).
     ("learn speeds", "--script-cache"),
@@ -110,6 +111,7 @@ NOT_INPUT = {
     ("explain", "JOB_SCRIPT"),
     # A sacct JSON file is read as bytes and judged as sacct's output; see below.
     ("audit", "--sacct-file"), ("learn speeds", "--sacct-file"),
+    ("learn classes", "--sacct-file"),
 }
 
 

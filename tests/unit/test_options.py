@@ -177,6 +177,7 @@ RULE_COMMANDS: dict[str, list[str]] = {
     "simulate": ["simulate", "--trace", "{trace}", "--trace-format", "philly", "--params",
                  str(PARAMS), "--format", "json"],
     "bench audit": ["bench", "audit", "--real-jobs", "1", "--jobs", "1"],
+    "learn classes": ["learn", "classes", "--format", "json"],
 }
 
 
