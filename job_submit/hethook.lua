@@ -1475,11 +1475,11 @@ local function classify(d, job, rules, hetreq, slurm, cf)
   end
   local user = job.user_name
   local rule = type(user) == "string" and by_user[user] or nil
-  if not rule then
+  if type(rule) ~= "string" then
     return d
   end
-  local class = rule.class
-  local cls = rules.classes[class]
+  local class, rule_why = string_match(rule, "^([^\t]*)\t(.*)$")
+  local cls = class and rules.classes[class]
   if not cls then
     return d
   end
@@ -1491,7 +1491,7 @@ local function classify(d, job, rules, hetreq, slurm, cf)
       return d -- the job named its class (or its request is read another way: left alone)
     end
   end
-  local why = printable(rule.why or "", 160)
+  local why = printable(rule_why, 160)
   local how, message = "suggest", nil
   if cf.mode == "apply" then
     local request, dropped = applied_request(req, hetreq, cls, class)

@@ -84,8 +84,9 @@ def test_rules_render_as_a_name_then_user_lookup() -> None:
     rules = hook_rules(site_with("suggest"))
     table = rules["classify"]
     assert table["mode"] == "suggest"
-    assert table["names"]["prep.sh"]["ann"]["class"] == "io"
-    assert table["names"][HOSTILE]["bob"] == {"class": "io", "why": ""}
+    assert table["names"]["prep.sh"]["ann"].split("\t")[0] == "io"
+    # One string per rule (class, tab, why): no table per rule in the controller's heap.
+    assert table["names"][HOSTILE]["bob"] == "io\t"
 
 
 # -- the hook --------------------------------------------------------------------------------
