@@ -12,7 +12,7 @@ from hetslurm.placement.model import ClusterModel
 from hetslurm.simulate.params import BACKFILLS, Params
 from hetslurm.simulate.run import run_replay
 from hetslurm.simulate.traces import TraceError, read_trace
-from hetslurm.simulate.workload import build_jobs, node_weights, partition_nodes
+from hetslurm.simulate.workload import build_jobs, node_weights, partition_names, partition_nodes
 from hetslurm.site.model import Site
 from hetslurm.traces import traces_dir
 
@@ -62,7 +62,7 @@ def bench_simulate(site: Site, params: Params, *, policies: Sequence[str],
         for load, bf, p in ((x, b, p) for x in (loads or {}).get(name, (default_load,))
                             for b in backfills for p in policies):
             model = node_weights(base, params.policies[p])
-            parts = {n: partition_nodes(site, model, n) for n in {j.partition for j in jobs[p]}}
+            parts = {n: partition_nodes(site, model, n) for n in partition_names(jobs[p])}
             began = time.perf_counter()
             res = run_replay(params, model, jobs[p], parts, load=load, backfill=bf)
             seconds = time.perf_counter() - began

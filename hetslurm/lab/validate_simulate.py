@@ -35,7 +35,13 @@ from hetslurm.placement.model import ClusterModel
 from hetslurm.simulate.easy import replay
 from hetslurm.simulate.params import BACKFILLS, Params, load_params
 from hetslurm.simulate.traces import TraceJob
-from hetslurm.simulate.workload import SimJob, build_jobs, node_weights, partition_nodes
+from hetslurm.simulate.workload import (
+    SimJob,
+    build_jobs,
+    node_weights,
+    partition_names,
+    partition_nodes,
+)
 from hetslurm.site.model import Site
 from hetslurm.slurm import SlurmBackend, units
 from hetslurm.slurm.sacct import SacctRecordError
@@ -280,7 +286,7 @@ def simulate_plan(w: Workload, pl: Plan, policy: str, *, latency: bool = True,
     jobs = [replace(j, submit=j.submit + lat, time_limit=wj.limit_min * 60.0,
                     runtime={k: v + extra for k, v in j.runtime.items()})
             for j, wj in zip(pl.jobs[policy], w.jobs, strict=True)]
-    parts = {name: partition_nodes(pl.site, model, name) for name in {j.partition for j in jobs}}
+    parts = {name: partition_nodes(pl.site, model, name) for name in partition_names(jobs)}
     if (backfill or w.backfill) == "slurm":
         res = replay_slurm(model, jobs, parts, backfill_depth=pl.params.backfill_depth,
                            window_s=pl.params.backfill_window_s)

@@ -120,7 +120,7 @@ class Easy:
             if key in failed:
                 continue
             if short:
-                if not r.start_now(pos, t):
+                if not r.start_now(pos, t, ranked=False):
                     failed.add(key)
                     continue
                 if resv is not None:

@@ -435,13 +435,19 @@ class Replay:
         # which nodes can ever hold each (not counted in the stats: no placement asks them).
         static = {name: new_core(model, self.now, m) for name, m in self.masks.items()}
         interned: dict[tuple[KernelRequest, str], Shape] = {}
-        self.shapes: list[Shape] = []
-        for j in jobs:
-            sh = interned.get((j.kr, j.partition))
+
+        def shape(kr: KernelRequest, part: str) -> Shape:
+            sh = interned.get((kr, part))
             if sh is None:
-                sh = Shape(model, j.kr, j.partition, static[j.partition], self.lay)
-                interned[(j.kr, j.partition)] = sh
-            self.shapes.append(sh)
+                sh = Shape(model, kr, part, static[part], self.lay)
+                interned[(kr, part)] = sh
+            return sh
+
+        self.shapes: list[Shape] = [shape(j.kr, j.partition) for j in jobs]
+        #: Ranked fallback: the shapes the main scheduler tries in order (the job's
+        #: per-model partitions); backfill plans with ``shapes`` (their union).
+        self.ranked: dict[int, list[Shape]] = {
+            pos: [shape(j.kr, p) for p in j.ranked] for pos, j in enumerate(jobs) if j.ranked}
         self.submit = {j.index: j.submit / load for j in jobs}
         self.events: list[tuple[float, int, int]] = [
             (self.submit[j.index], 1, i) for i, j in enumerate(jobs)]
@@ -470,10 +476,16 @@ class Replay:
         self.cores_now.touched(rec.alloc.nodes, None)
         return rec
 
-    def start_now(self, pos: int, t: float) -> bool:
-        """Place job ``pos`` on the free state and start it, if it fits."""
-        sh = self.shapes[pos]
-        alloc = self.placer.place(sh, self.now, self.cores_now, commit=True, is_now=True)
+    def start_now(self, pos: int, t: float, *, ranked: bool = True) -> bool:
+        """Place job ``pos`` on the free state and start it, if it fits; with ``ranked``
+        (the main scheduler) in the first of its ranked partitions where it fits, as Slurm
+        tries a job's partitions in order. Backfill plans and starts with the union
+        (``ranked=False``): a model of Slurm's main scheduler only (docs/simulate.md)."""
+        alloc = None
+        for sh in (self.ranked.get(pos) if ranked else None) or (self.shapes[pos],):
+            alloc = self.placer.place(sh, self.now, self.cores_now, commit=True, is_now=True)
+            if alloc is not None:
+                break
         if alloc is None:
             return False
         self.cores_now.touched(alloc.nodes, sh.part)

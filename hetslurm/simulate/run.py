@@ -15,7 +15,13 @@ from hetslurm.simulate.measures import measure
 from hetslurm.simulate.params import Params
 from hetslurm.simulate.slurm_backfill import SlurmRules
 from hetslurm.simulate.traces import Trace
-from hetslurm.simulate.workload import SimJob, build_jobs, node_weights, partition_nodes
+from hetslurm.simulate.workload import (
+    SimJob,
+    build_jobs,
+    node_weights,
+    partition_names,
+    partition_nodes,
+)
 from hetslurm.site.model import Site
 
 
@@ -88,7 +94,7 @@ def simulate(
     traces: dict[tuple[str, float], RunTrace] = {}
     for p in policies:
         model = node_weights(base, params.policies[p])
-        names = {j.partition for j in jobs[p]}
+        names = partition_names(jobs[p])
         parts = {name: partition_nodes(site, model, name) for name in names}
         for load in loads:
             began = time.perf_counter()

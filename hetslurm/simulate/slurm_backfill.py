@@ -148,7 +148,7 @@ class SlurmRules:
             when, nodes, alloc = found
             if when == t:
                 if alloc is None:  # nothing blocks it now: the partition's core commits it
-                    if not r.start_now(pos, t):
+                    if not r.start_now(pos, t, ranked=False):
                         raise RuntimeError(f"placement core refused a backfill start the "
                                            f"count check admits: {sh.kr}")
                 else:

@@ -40,6 +40,9 @@ class SimJob:
         kr: the compiled request the placement core reads.
         runtime: seconds by GPU model index of the model (-1 = CPU-only node).
         time_limit: what backfill plans with (runtime on the slowest allowed model x factor).
+        ranked: ranked fallback (docs/fallback.md): the per-model partitions the hook submits
+            the job to, in its order; the main scheduler starts it in the first one where it
+            fits now. Empty: ``partition`` alone.
     """
 
     index: int
@@ -52,6 +55,21 @@ class SimJob:
     runtime: Mapping[int, float]
     time_limit: float
     gpus: int
+    ranked: tuple[str, ...] = ()
+
+
+def partition_names(jobs: Sequence[SimJob]) -> set[str]:
+    """Every partition the jobs name, ranked fallback's per-model ones included."""
+    return {p for j in jobs for p in (j.partition, *j.ranked)}
+
+
+def ranked_for(site: Site, req: Request, partition: str) -> tuple[str, ...]:
+    """The per-model partitions the hook submits ``req`` to in ``partition`` (as hethook.lua's
+    rank: two or more models, each per-model partition with enough nodes for the job)."""
+    listed = site.ranked_list(partition, req.gpu_models) if req.gpus_per_node else None
+    names = tuple(n for n in (listed or "").split(",")
+                  if n and len(site.ranked[n].nodes) >= req.nodes)
+    return names if len(names) >= 2 else ()
 
 
 @dataclass(frozen=True)
@@ -277,6 +295,7 @@ def build_jobs(
                 index=index, id=tj.id, cls=c.cls, submit=tj.submit, priority=prio,
                 partition=partition, kr=kr, runtime=times,
                 time_limit=limit_base * params.time_limit_factor, gpus=kr.gpus * kr.nodes,
+                ranked=ranked_for(site, req, partition) if pol.use_classes else (),
             )
         if len(made) != len(policies):
             dropped["oversize"] += 1
@@ -294,7 +313,7 @@ def partition_nodes(site: Site, model: ClusterModel, name: str) -> tuple[int, ..
     """
     if name == "*":
         return tuple(range(model.n_nodes))
-    part = site.partitions.get(name)
+    part = site.partitions.get(name) or site.ranked.get(name)
     if part is None:
         raise ConfigError(f"partition '{name}' is not in site '{site.name}'; partitions: "
                           f"{', '.join(site.partitions)} (or '*' for all nodes)")

@@ -246,7 +246,16 @@ def test_nodes_carry_typed_gres_features_and_weight(controller: Controller) -> N
 def test_partitions_match_the_site(controller: Controller) -> None:
     site = controller.site
     parts = _records(controller.scontrol("show", "partition", "-o"), "PartitionName")
-    assert set(parts) == set(site.partitions)
+    assert set(parts) == set(site.partitions) | set(site.ranked)
+    # Ranked fallback's per-model partitions: the base's nodes of one model, its every word.
+    for name, ranked in site.ranked.items():
+        got, base = parts[name], parts[ranked.base]
+        assert set(hostlist.expand_hostlist(got["Nodes"])) == set(ranked.nodes), name
+        assert got["Default"] == "NO"
+        # (TRES, TotalCPUs and TotalNodes count the nodes, which differ by design.)
+        same = {k for k in base if k not in ("PartitionName", "Nodes", "Default", "TotalCPUs",
+                                              "TotalNodes", "TRES")}
+        assert {k: got[k] for k in same} == {k: base[k] for k in same}, name
     for name, part in site.partitions.items():
         got = parts[name]
         # Slurm expands Nodes=ALL itself; the site resolved it to every node as well.

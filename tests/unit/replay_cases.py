@@ -17,7 +17,13 @@ from hetslurm.request.language import Locality, Request
 from hetslurm.simulate.loop import ReplayResult
 from hetslurm.simulate.params import load_params
 from hetslurm.simulate.traces import Trace, read_trace
-from hetslurm.simulate.workload import SimJob, build_jobs, node_weights, partition_nodes
+from hetslurm.simulate.workload import (
+    SimJob,
+    build_jobs,
+    node_weights,
+    partition_names,
+    partition_nodes,
+)
 from hetslurm.site.load import load_site
 from hetslurm.traces import traces_dir
 
@@ -97,5 +103,5 @@ def trace_jobs(rel: str, fmt: str, n: int, policy: str
     trace = _read(path, fmt)
     jobs, _ = build_jobs(trace.jobs[:n], fmt, site, params, [policy])
     model = node_weights(ClusterModel.from_site(site), params.policies[policy])
-    parts = {p: partition_nodes(site, model, p) for p in {j.partition for j in jobs[policy]}}
+    parts = {p: partition_nodes(site, model, p) for p in partition_names(jobs[policy])}
     return model, jobs[policy], parts, params.backfill_depth

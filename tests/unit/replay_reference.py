@@ -95,11 +95,17 @@ class Ctx:
     stats: Stats
     start: Callable[[int, Alloc, float], None]
 
-    def fit(self, pos: int, free: Free, usable: npt.NDArray[np.uint8] | None = None
-            ) -> Alloc | None:
+    def fit(self, pos: int, free: Free, usable: npt.NDArray[np.uint8] | None = None,
+            *, ranked: bool = False) -> Alloc | None:
+        """Where job ``pos`` fits on ``free``; with ``ranked`` (the main scheduler) in the
+        first of its ranked partitions where it fits (docs/fallback.md)."""
         job = self.jobs[pos]
-        mask = self.masks[job.partition]
-        return place(self.model, free, mask if usable is None else mask & usable, job.kr)
+        for part in (job.ranked if ranked else ()) or (job.partition,):
+            mask = self.masks[part]
+            alloc = place(self.model, free, mask if usable is None else mask & usable, job.kr)
+            if alloc is not None:
+                return alloc
+        return None
 
 
 Pass = Callable[[float, Ctx, Pending], set[int]]
@@ -182,7 +188,7 @@ def easy_pass(depth: int) -> Pass:
 
         head = -1
         for q, (_, _, pos) in enumerate(pending):
-            alloc = cx.fit(pos, cx.free)
+            alloc = cx.fit(pos, cx.free, ranked=True)
             if alloc is None:
                 failed.add((key(pos), 0))
                 head = q
@@ -288,7 +294,7 @@ def slurm_pass(depth: int, window_s: float) -> Pass:
             part = cx.jobs[pos].partition
             if part in failed:
                 continue
-            alloc = cx.fit(pos, cx.free)
+            alloc = cx.fit(pos, cx.free, ranked=True)
             if alloc is None:
                 failed.add(part)
                 continue

@@ -20,6 +20,7 @@ from hetslurm.simulate.workload import (
     classify,
     gavel_throughputs,
     node_weights,
+    partition_names,
     partition_nodes,
     runtimes,
 )
@@ -84,7 +85,7 @@ def replay_policy(site: Site, params: Params, jobs: list[TraceJob], fmt: str = "
     out = {}
     for p in POLICIES:
         model = node_weights(base, params.policies[p])
-        parts = {j.partition: partition_nodes(site, model, j.partition) for j in built[p]}
+        parts = {n: partition_nodes(site, model, n) for n in partition_names(built[p])}
         res = replay(model, built[p], parts, backfill_depth=10)
         out[p] = {r.job.id: (r.start, r.end, model.names[int(r.alloc.nodes[0])])
                   for r in res.records}

@@ -141,10 +141,11 @@ def test_simulated_waits_count_from_submission_with_the_latency_terms() -> None:
     assert plain.waits == [0.0]
     lat = v.simulate_plan(w, pl, "hetslurm")
     assert lat.waits == [pytest.approx(w.start_latency_s)]
-    # Its class prefers the H100 through the site's weights: 15 s x 1 / 1.25 there.
-    assert lat.where == ["h100"]
-    assert lat.end[0] - lat.start[0] == pytest.approx(w.jobs[0].runtime / 1.25
-                                                      + w.hold_extra_s)
+    # An inference job: its class ranks the A100 first (ranked fallback, docs/fallback.md),
+    # whatever the site's weights say, and its runtime is given on an A100.
+    assert w.jobs[0].cls == "inference"
+    assert lat.where == ["a100"]
+    assert lat.end[0] - lat.start[0] == pytest.approx(w.jobs[0].runtime + w.hold_extra_s)
     fig = lat.figures()
     assert fig["jobs"] == 1 and fig["makespan_s"] == pytest.approx(lat.end[0])
 
