@@ -29,6 +29,7 @@ from hetslurm.site.model import (
     ResolvedPartition,
     Site,
     class_features,
+    class_nodes,
     class_weight,
     place_devices,
     ranked_name,
@@ -581,17 +582,7 @@ def _check_class_memory(ctx: _Ctx, key: KeyPath, wc: Any, nodes: list[NodeSpec],
     """A class's default memory must fit one node it can run on: a larger one would leave
     every job of the class pending for ever (Slurm keeps a job no node can hold)."""
     allowed = set(partitions[wc.partition].nodes) if wc.partition is not None else None
-    devices = set(wc.devices)
-
-    def runs_on(n: NodeSpec) -> bool:
-        if allowed is not None and n.name not in allowed:
-            return False
-        if not devices:
-            return True
-        have = {d.model for d in (*n.gpus, *n.fpgas)}
-        return bool(have & devices) or ("cpu" in devices and not have)
-
-    sizes = [n.spec.memory for n in nodes if runs_on(n)]
+    sizes = [n.spec.memory for n in class_nodes(nodes, wc.devices, allowed)]
     if sizes and wc.mem_per_node > max(sizes):
         raise ctx.error((*key, "mem_per_node"), f"{wc.mem_per_node} MiB is more than any node "
                         f"of the class has (largest: {max(sizes)} MiB)")
