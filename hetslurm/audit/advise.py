@@ -363,9 +363,24 @@ def _merge_speeds(adv: Advice, site: Site, data: dict[str, Any], note: Any) -> N
         adv.notes.append("[levers.speed] not proposed: the site reads levers.speed_table")
         return
     old = (levers or {}).get("speed") or {}
-    if old == table:
+    # The measured classes replace theirs; a class not measured keeps the site's ratios.
+    merged = {m: dict(row) for m, row in old.items() if isinstance(row, dict)}
+    for m, row in table.items():
+        merged.setdefault(m, {}).update(row)
+    if merged == old:
         return
-    data.setdefault("levers", {})["speed"] = table
+    data.setdefault("levers", {})["speed"] = merged
+    problem = _load_problem(data)
+    if problem is not None:
+        # E.g. a written gpu_model_order the measured speeds now contradict: the rest of
+        # the advice stands, this part is left to the admin.
+        if old:
+            data["levers"]["speed"] = old
+        else:
+            del data["levers"]["speed"]
+        adv.notes.append(f"[levers.speed] not proposed: the site with the measured ratios "
+                         f"does not load: {problem}")
+        return
     adv.speed_table = table
     adv.changes.append("levers.speed: measured ratios for "
                        + ", ".join(sorted({c for row in table.values() for c in row})))
@@ -379,6 +394,21 @@ def _merge_speeds(adv: Advice, site: Site, data: dict[str, Any], note: Any) -> N
                           f"{', reference' if r.note == 'reference' else ''})")
         note(("levers", "speed", model), f"advise: measured speed of {model} per class "
              "(the reference model's run time over this model's)", *ev)
+
+
+def _load_problem(data: dict[str, Any]) -> str | None:
+    """Why the site ``data`` would not load (the loader's message), or None."""
+    from hetslurm.site.load import parse_site
+
+    lines: list[str] = []
+    top = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    try:
+        _toml_tables({k: v for k, v in data.items() if isinstance(v, dict)}, (), lines)
+        parse_site("\n".join(f"{k} = {toml_value(v)}" for k, v in top.items()) + "\n"
+                   + "\n".join(lines) + "\n", "<advised site>")
+    except (ConfigError, TypeError) as exc:
+        return str(exc)
+    return None
 
 
 def _merge_classify(adv: Advice, data: dict[str, Any], note: Any,

@@ -194,7 +194,7 @@ def bench_advise(jobs: int = 1_000_000, nodes: int = 1000, groups: int = 20_000,
         seconds = time.perf_counter() - t0
         doc = json.loads(res.stdout)
         peak = parse_marker(res.stderr)
-        memory = next((m for m in doc["memory"] if m["class"] == "train"), {})
+        memory: dict[str, Any] = next((m for m in doc["memory"] if m["class"] == "train"), {})
         return {"jobs": jobs, "groups": groups, "nodes": nodes,
                 "generate_seconds": round(gen_s, 1), "seconds": round(seconds, 2),
                 "peak_rss_mb": round(peak / 1024, 1) if peak is not None else None,

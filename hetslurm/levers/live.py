@@ -272,7 +272,7 @@ def _save_backup(target: Target, old: Mapping[str, str | None], site: Site,
     for name, text in old.items():
         if text is not None:
             (d / name).write_text(text, encoding="utf-8")
-    manifest = {
+    manifest: dict[str, Any] = {
         "id": stamp,
         "site": site.path,
         "action": action,
