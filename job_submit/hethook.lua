@@ -729,6 +729,18 @@ local function rewrite(d, job, rules, source, class, gpu_text, fpga_text, kept, 
   return d
 end
 
+-- A class's default memory per node ([classes.NAME] mem_per_node, rendered as cls.mem; issue 22
+-- item 5): only for a job that asks for no memory at all, neither in its request (mem=, which
+-- the caller has checked) nor with --mem, --mem-per-cpu or --mem-per-gpu (Slurm refuses a job
+-- with two of them). Called by both paths at the same place in the write order.
+local function stage_class_mem(d, job, cls)
+  local mem = cls and cls.mem
+  if mem and job.min_mem_per_node == nil and job.min_mem_per_cpu == nil
+      and job.mem_per_tres == nil then
+    stage(d, "min_mem_per_node", mem, nil)
+  end
+end
+
 -- The common request, decided without the grammar's general machinery: "class=NAME" alone or
 -- with "gpus=N" (either order; N of one or two digits), for a job that sets none of the
 -- fields the general path would weigh against it (--gres/--gpus*, --constraint, --partition,
@@ -810,6 +822,7 @@ local function fast_decide(job, rules, hetreq, source, text)
   if qos then
     stage(d, "qos", qos, job_qos)
   end
+  stage_class_mem(d, job, cls)
   return rewrite(d, job, rules, source, name, gpu_text, nil, "", nil, nil,
     count and ("gpus=" .. decimal(n) .. " class=" .. name) or ("class=" .. name))
 end
@@ -1385,6 +1398,9 @@ local function decide_request(job, rules, hetreq, slurm)
       "--qos", r.qos)
   end
   local nodes = stage_shape(d, job, req, given, loc)
+  if not req.mem_per_node_mib and req.workload_class then
+    stage_class_mem(d, job, rules.classes[req.workload_class])
+  end
   stage_locality(d, job, req, r, rules, slurm, nodes, given, loc)
   stage_requeue(d, job, req, loc)
 

@@ -34,6 +34,7 @@ RELEASE_TIER=(
     tests/cluster/test_accounting_usage.py
     tests/cluster/test_learn_speeds_live.py
     tests/cluster/test_classify_live.py
+    tests/cluster/test_advise_live.py
     tests/cluster/test_testbed_jobs.py
     tests/cluster/test_hook_cluster.py
     tests/cluster/test_metrics_collect.py

@@ -142,15 +142,26 @@ def complete_speed_table(result: SpeedResult, site: Site) -> tuple[dict[str, dic
     return table, None
 
 
-def _toml_tables(data: dict[str, Any], path: tuple[str, ...], lines: list[str]) -> None:
+def _toml_tables(data: dict[str, Any], path: tuple[str, ...], lines: list[str],
+                 comments: dict[tuple[str, ...], list[str]] | None = None) -> None:
+    """``data`` as TOML tables; ``comments``: lines (each already a ``#`` comment) written
+    just above the header of the table at that path."""
     scalars = {k: v for k, v in data.items() if not isinstance(v, dict)}
     subs = {k: v for k, v in data.items() if isinstance(v, dict)}
     if path and (scalars or not subs):
-        lines += ["", "[" + ".".join(toml_key(p) for p in path) + "]"]
+        lines.append("")
+        lines += (comments or {}).get(path, [])
+        lines.append("[" + ".".join(toml_key(p) for p in path) + "]")
     for k, v in scalars.items():
-        lines.append(f"{toml_key(k)} = {toml_value(v)}")
+        if isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            # An array of inline tables (the [classify] rules): one per line, for review.
+            lines.append(f"{toml_key(k)} = [")
+            lines += [f"  {toml_value(x)}," for x in v]
+            lines.append("]")
+        else:
+            lines.append(f"{toml_key(k)} = {toml_value(v)}")
     for k, v in subs.items():
-        _toml_tables(v, (*path, k), lines)
+        _toml_tables(v, (*path, k), lines, comments)
 
 
 def merged_site(site_text: str, site_label: str, result: SpeedResult, site: Site,

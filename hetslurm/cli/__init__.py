@@ -64,6 +64,7 @@ def _register() -> None:
     # own command.
     from hetslurm.cli import (
         act_cmd,
+        advise_cmd,
         audit_cmd,
         bench_cmd,
         collect_cmd,
@@ -83,7 +84,7 @@ def _register() -> None:
                     hook_cmd.hook, explain_cmd.explain_cmd, collect_cmd.collect,
                     audit_cmd.audit_cmd, exporter_cmd.exporter, place_cmd.place_cmd,
                     place_cmd.state, simulate_cmd.simulate, act_cmd.act, rebalance_cmd.rebalance,
-                    learn_cmd.learn):
+                    learn_cmd.learn, advise_cmd.advise_cmd):
         cli.add_command(command)
 
 

@@ -108,6 +108,34 @@ def bench_learn_cmd(n_jobs: int, groups: int, nodes: int, reference_runs: int,
          title="learn speeds benchmark", document=res)
 
 
+@bench.command("advise")
+@click.option("--jobs", "n_jobs", type=click.IntRange(1), default=1_000_000, show_default=True,
+              help="Synthetic completed one-GPU runs (sacct --json form, with MaxRSS).")
+@click.option("--groups", type=click.IntRange(1), default=20_000, show_default=True,
+              help="Recurring jobs (user and job name) they belong to.")
+@click.option("--nodes", type=click.IntRange(2), default=1000, show_default=True,
+              help="Synthetic 8-GPU nodes (half H100, half A100).")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None,
+              help="Where the synthetic data set is written (and removed) [default: $TMPDIR].")
+@format_option
+def bench_advise_cmd(n_jobs: int, groups: int, nodes: int, workdir: str | None,
+                     output_format: str) -> None:
+    """Time 'hetslurm advise --out' on the synthetic month of 'bench learn', with MaxRSS.
+
+    Reports seconds and peak_rss_mb of the whole command in a child process (target: 60 s),
+    the changes it proposed, the proposed 'train' order (truth: h100 first) and its
+    proposed mem_per_node.
+    """
+    from hetslurm.lab.bench_learn import bench_advise
+
+    def log(msg: str) -> None:
+        click.echo(f"bench advise: {msg}", err=True)
+
+    res = bench_advise(n_jobs, nodes, groups, workdir, log)
+    emit([{"metric": k, "value": v} for k, v in res.items()], output_format,
+         title="advise benchmark", document=res)
+
+
 @bench.command("backend")
 @click.option("--calls", type=click.IntRange(1, 100_000), default=50, show_default=True,
               help="Timed calls per operation and backend (after one untimed warm-up call).")

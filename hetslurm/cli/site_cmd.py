@@ -212,8 +212,11 @@ def _target(site_path: str | None, testbed_dir: str | None, conf_dir: str | None
     env = dict(os.environ)
 
     def live() -> Target:
+        from hetslurm.hook.install import InstalledHook
+
         daemons = (SystemdDaemons(env, restart_cmds) if restart_cmds else SystemdDaemons(env))
-        return Target(conf_dir=slurm_conf_dir(conf_dir, env), daemons=daemons, whole=whole,
+        folder = slurm_conf_dir(conf_dir, env)
+        return Target(conf_dir=folder, daemons=daemons, whole=whole, hook=InstalledHook(folder),
                       env=env, backup_dir=Path(backup_dir) if backup_dir else None)
 
     return choose_target(load_site(site_path) if site_path else None,
@@ -235,8 +238,10 @@ def diff_cmd(site_file: str, testbed_dir: str | None, conf_dir: str | None, whol
     """Compare what SITE renders with the live cluster's files and QOS records.
 
     Each change names the file and item (a node, a partition, a global key, a gres.conf
-    node block, a switch, a QOS) and what applying it needs: `reconfigure`
-    (scontrol reconfigure), `restart` (slurmctld and every slurmd) or `sacctmgr`.
+    node block, a switch, a QOS, the hook's rules) and what applying it needs:
+    `reconfigure` (scontrol reconfigure), `restart` (slurmctld and every slurmd),
+    `sacctmgr`, or `hook` (the installed job_submit.lua re-rendered: classes, rankings,
+    memory defaults, [classify] rules; slurmctld reloads it by itself).
     """
     from hetslurm.levers import diff
 
@@ -270,7 +275,9 @@ def apply_cmd(site_file: str, testbed_dir: str | None, conf_dir: str | None, who
     3. write the new files atomically;
     4. scontrol reconfigure, or restart slurmctld and slurmd when a change needs it;
     5. check health again: slurmctld answers, every node back, none INVAL/DOWN;
-    6. create or update QOS through sacctmgr.
+    6. re-install the hook (job_submit.lua, with its mode and Slurm release) when the
+       site's hook rules changed, checked first as `hook install` checks it;
+    7. create or update QOS through sacctmgr.
     On any failure the backup is restored the same way and the command exits 7.
     """
     from hetslurm.levers import apply
@@ -297,7 +304,7 @@ def apply_cmd(site_file: str, testbed_dir: str | None, conf_dir: str | None, who
 def rollback_cmd(testbed_dir: str | None, conf_dir: str | None, whole: bool,
                  backup_dir: str | None, restart_cmds: tuple[str, ...], health_timeout: float,
                  output_format: str) -> None:
-    """Restore the configuration (files and QOS) from before the last `site apply`.
+    """Restore the configuration (files, hook and QOS) from before the last `site apply`.
 
     Uses the newest backup not yet rolled back; a second rollback goes one step further.
     """

@@ -43,7 +43,7 @@ from hetslurm import fsguard
 from hetslurm.errors import ConfigError, PermissionsError
 from hetslurm.hook import render as render_mod
 from hetslurm.hook.standin import CallResult, HookLoadError, HookRuntime
-from hetslurm.site.hook_rules import CPU_FEATURE, FPGA_GRES, GPU_GRES
+from hetslurm.site.hook_rules import CPU_FEATURE, FPGA_GRES, GPU_GRES, hook_rules
 from hetslurm.site.model import Site
 from hetslurm.slurm import versions
 from hetslurm.slurm.conf import slurm_conf_value
@@ -400,3 +400,51 @@ def _tail_lines(path: Path, max_bytes: int = 8 << 20) -> list[str]:
         if size > max_bytes:
             fh.seek(size - max_bytes)
         return fh.read().decode("utf-8", "replace").splitlines()
+
+
+_CHAINED = re.compile(r"^CHAIN\.(before|after) = \(function\(\)$", re.M)
+
+
+class InstalledHook:
+    """The hook installed in ``conf_dir``, as ``site apply`` keeps it in step with the site
+    (:class:`hetslurm.levers.live.HookFile`): re-rendered with the installed file's mode and
+    Slurm release, checked and installed as ``hook install`` does."""
+
+    def __init__(self, conf_dir: str | Path) -> None:
+        self.conf_dir = Path(conf_dir)
+
+    def installed(self) -> str | None:
+        target = self.conf_dir / HOOK_FILE
+        found = _installed(target)
+        if found is None or not stat.S_ISREG(found[0].st_mode):
+            return None
+        text = _read_installed(target)
+        return text if render_mod.header(text) is not None else None
+
+    def render(self, site: Site) -> str:
+        old = self.installed()
+        head = render_mod.header(old or "") or {}
+        if old is not None and _CHAINED.search(old):
+            if head.get("rules") == hook_rules(site)["digest"]:
+                return old  # the same rules: nothing to re-render
+            raise ConfigError(f"{self.conf_dir / HOOK_FILE} chains a site script, which "
+                              "`site apply` cannot re-render; run `hetslurm hook install` "
+                              "with the site and its --chain-before/--chain-after instead; "
+                              "nothing was changed")
+        mode = head.get("mode")
+        text = render_mod.render_hook(site, mode=mode if mode in render_mod.MODES else None,
+                                      slurm=head.get("slurm") or versions.DEFAULT).text
+        check = validate_text(text, site)
+        if not check.ok:
+            raise ConfigError(f"the hook rendered for the site {check.error}; nothing was "
+                              "changed")
+        return text
+
+    def install(self, text: str) -> None:
+        install_text(text, self.conf_dir)
+
+    def describe(self, text: str | None) -> str | None:
+        head = render_mod.header(text or "")
+        if head is None:
+            return None
+        return f"rules={head['rules']} build={head['build']} mode={head['mode']}"

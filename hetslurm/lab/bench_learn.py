@@ -31,6 +31,8 @@ DAYS = 30
 Log = Callable[[str], None]
 #: The truth the fit should find: A100 runs take twice as long as H100 runs.
 A100_RATIO = 0.5
+#: Median of the recurring jobs' typical peak memory (MiB) when ``usage`` is asked for.
+RSS_MEDIAN_MIB = 4096.0
 
 
 def site_toml(nodes: int) -> str:
@@ -39,8 +41,11 @@ def site_toml(nodes: int) -> str:
 
 
 def generate(out: Path, jobs: int, nodes: int = 1000, groups: int = 20_000,
-             seed: int = 1) -> dict[str, Any]:
-    """Write ``out/sacct.json``, ``out/site.toml`` and ``out/script-hashes.json``."""
+             seed: int = 1, usage: bool = False) -> dict[str, Any]:
+    """Write ``out/sacct.json``, ``out/site.toml`` and ``out/script-hashes.json``; with
+    ``usage``, each record also carries one step with its CPU time and MaxRSS (each
+    recurring job its own typical peak, log-normal with median :data:`RSS_MEDIAN_MIB`, times
+    5 % noise), as jobacct_gather/linux records them."""
     import numpy as np
 
     from hetslurm.audit.scripts import CACHE_VERSION, cache_key, script_hash
@@ -57,6 +62,8 @@ def generate(out: Path, jobs: int, nodes: int = 1000, groups: int = 20_000,
     elapsed = np.maximum(1, elapsed.round()).astype(np.int64)
     submit = (T_START + rng.random(jobs) * DAYS * 86400).astype(np.int64)
     start = submit + 60
+    rss = (rng.lognormal(np.log(RSS_MEDIAN_MIB), 0.5, groups)[group]
+           * rng.lognormal(0.0, 0.05, jobs) * 2**20).astype(np.int64)
     names = [f"g{i + 1:05d}" for i in range(nodes)]
     hashes = [script_hash(f"#!/bin/sh\n# variant {v}\n") for v in (0, 1)]
     cache: dict[str, str | None] = {}
@@ -79,6 +86,12 @@ def generate(out: Path, jobs: int, nodes: int = 1000, groups: int = 20_000,
                        {"type": "cpu", "name": None, "id": 1, "count": 4},
                        {"type": "gres", "name": "gpu", "id": 1001, "count": 1},
                        {"type": "gres", "name": f"gpu:{model}", "id": 1002, "count": 1}]}}
+            if usage:
+                rec["steps"] = [{"time": {"total": {"seconds": int(elapsed[i]),
+                                                    "microseconds": 0}},
+                                 "tres": {"requested": {"max": [
+                                     {"type": "mem", "name": None, "id": 2,
+                                      "count": int(rss[i])}]}}}]
             fh.write(("," if i else "") + json.dumps(rec) + "\n")
             cache[cache_key(i + 1, float(submit[i]))] = hashes[int(variant[i])]
         fh.write("]}\n")
@@ -156,3 +169,37 @@ def bench_learn(jobs: int = 1_000_000, nodes: int = 1000, groups: int = 20_000,
                 "generate_seconds": round(gen_s, 1), "without_scripts": without,
                 "with_scripts": with_scripts, "fit": fit, "true_h100_ratio": 1 / A100_RATIO,
                 "targets": {"seconds": 60}}
+
+
+def bench_advise(jobs: int = 1_000_000, nodes: int = 1000, groups: int = 20_000,
+                 workdir: str | None = None, log: Log = lambda _m: None) -> dict[str, Any]:
+    """The same data set with per-run MaxRSS: time ``hetslurm advise --no-scripts --out``
+    in a child process (the whole command: sacct's JSON read once, usage decoded, speeds,
+    rankings, classification, memory, the merged site checked and written)."""
+    with tempfile.TemporaryDirectory(prefix="hetslurm-bench-advise-", dir=workdir) as tmp:
+        root = Path(tmp)
+        log(f"generating {jobs} runs of {groups} recurring jobs (with MaxRSS) in {root}")
+        t0 = time.perf_counter()
+        made = generate(root, jobs, nodes, groups, usage=True)
+        gen_s = time.perf_counter() - t0
+        out = root / "proposed.toml"
+        argv = python_module(
+            "hetslurm.lab.peakrss", CLI_ENTRY, "advise", "--site", str(root / "site.toml"),
+            "--sacct-file", str(root / "sacct.json"), "--since", str(made["since"]),
+            "--until", str(made["until"]), "--format", "json", "--no-scripts",
+            "--out", str(out))
+        log("advise --no-scripts --out")
+        t0 = time.perf_counter()
+        res = run_command(argv, timeout=3600, env=dict(os.environ))
+        seconds = time.perf_counter() - t0
+        doc = json.loads(res.stdout)
+        peak = parse_marker(res.stderr)
+        memory: dict[str, Any] = next((m for m in doc["memory"] if m["class"] == "train"), {})
+        return {"jobs": jobs, "groups": groups, "nodes": nodes,
+                "generate_seconds": round(gen_s, 1), "seconds": round(seconds, 2),
+                "peak_rss_mb": round(peak / 1024, 1) if peak is not None else None,
+                "runs": doc["runs"], "changes": doc["changes"],
+                "proposed_train": next((rk["proposed"] for rk in doc["rankings"]), None),
+                "train_mem_quantile_mib": memory.get("quantile_mib"),
+                "train_mem_per_node": memory.get("proposed"),
+                "written": out.exists(), "targets": {"seconds": 60}}

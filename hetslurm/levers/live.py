@@ -30,7 +30,7 @@ import hostlist
 
 from hetslurm.errors import CommandError, HetslurmError, RolloutError
 from hetslurm.levers import qos as qos_mod
-from hetslurm.levers.rollout import Plan, classify
+from hetslurm.levers.rollout import HOOK_ACTION, Change, Plan, classify
 from hetslurm.process import run_command
 from hetslurm.site import Site
 from hetslurm.site import levers as site_levers
@@ -40,6 +40,9 @@ from hetslurm.slurm import get_backend
 HEALTH_TIMEOUT_S = 90.0
 MAX_BACKUPS = 20
 MANIFEST = "manifest.json"
+#: The hook's file beside slurm.conf (hetslurm.hook.install.HOOK_FILE; named here too, as
+#: the levers do not import the hook room).
+HOOK_FILE = "job_submit.lua"
 _BAD_STATES = ("inval", "down", "unk", "fail", "not_responding", "no_respond")
 
 
@@ -70,6 +73,30 @@ class SystemdDaemons:
             run_command(argv, timeout=300, env=self.env)
 
 
+class HookFile(Protocol):
+    """The job_submit hook beside the configuration, kept in step with the site: its
+    classes, rankings, memory defaults and classification rules live only in the hook's
+    rendered rules, so a site change that touches only them changes no Slurm file
+    (``hetslurm.hook.install.InstalledHook`` is the one implementation)."""
+
+    def installed(self) -> str | None:
+        """The installed hetslurm hook's text (None: none installed, nothing to keep)."""
+        ...
+
+    def render(self, site: Site) -> str:
+        """The hook for ``site`` as the installed one is set up (mode, Slurm release),
+        checked as ``hook install`` checks it; :class:`ConfigError` when it cannot be."""
+        ...
+
+    def install(self, text: str) -> None:
+        """Install ``text`` (checked, atomic, a newer mtime)."""
+        ...
+
+    def describe(self, text: str | None) -> str | None:
+        """One line naming a hook text (its rules digest and build)."""
+        ...
+
+
 @dataclass(frozen=True)
 class Target:
     """Where a cluster's configuration lives and how it is applied."""
@@ -83,6 +110,8 @@ class Target:
     #: Called with the new site before its files are written (the testbed makes device
     #: files and spool folders there).
     prepare: Callable[[Site], None] | None = None
+    #: The installed hook, re-rendered when the site's hook rules change (None: not managed).
+    hook: HookFile | None = None
 
     @property
     def backups(self) -> Path:
@@ -143,9 +172,33 @@ def _qos_live(site: Site, target: Target) -> _LiveQos:
                     qos_mod.plan(site, live, assoc))
 
 
+@dataclass(frozen=True)
+class _HookStep:
+    old: str | None
+    new: str | None
+    plan: Plan
+
+
+def _hook_step(site: Site, target: Target) -> _HookStep:
+    """The installed hook and the one the site renders, when they differ (checked before
+    anything is changed: a hook that would not install stops the apply here)."""
+    hook = target.hook
+    old = hook.installed() if hook is not None else None
+    if hook is None or old is None:
+        return _HookStep(None, None, Plan())
+    new = hook.render(site)
+    if new == old:
+        return _HookStep(old, None, Plan())
+    change = Change(HOOK_FILE, "hook rules", hook.describe(old), hook.describe(new),
+                    HOOK_ACTION, "slurmctld reloads job_submit.lua at the next submission "
+                    "(newer mtime); checked in Lua 5.1 with every class first")
+    return _HookStep(old, new, Plan((change,)))
+
+
 def diff(site: Site, target: Target) -> Plan:
-    """Every change between the site's rendering and the live files and QOS records."""
-    return classify(target.read_live(), dict(target.render(site))) + _qos_live(site, target).plan
+    """Every change between the site's rendering and the live files, QOS records and hook."""
+    return (classify(target.read_live(), dict(target.render(site)))
+            + _qos_live(site, target).plan + _hook_step(site, target).plan)
 
 
 # ---------------------------------------------------------------- health
@@ -211,14 +264,15 @@ def conf_nodes(files: Mapping[str, str | None]) -> list[str]:
 # ---------------------------------------------------------------- backups
 def _save_backup(target: Target, old: Mapping[str, str | None], site: Site,
                  qos_before: Mapping[str, qos_mod.QosState | None],
-                 grants: Sequence[qos_mod.Grant], action: str | None) -> Path:
+                 grants: Sequence[qos_mod.Grant], action: str | None,
+                 hook_text: str | None = None) -> Path:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
     d = target.backups / stamp
     d.mkdir(parents=True, exist_ok=False)
     for name, text in old.items():
         if text is not None:
             (d / name).write_text(text, encoding="utf-8")
-    manifest = {
+    manifest: dict[str, Any] = {
         "id": stamp,
         "site": site.path,
         "action": action,
@@ -227,6 +281,9 @@ def _save_backup(target: Target, old: Mapping[str, str | None], site: Site,
         "grants": [[g.qos, g.kind, g.name, g.account] for g in grants],
         "cluster": site.name,
     }
+    if hook_text is not None:
+        (d / HOOK_FILE).write_text(hook_text, encoding="utf-8")
+        manifest["hook"] = True
     (d / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
     _prune(target)
     return d
@@ -274,6 +331,20 @@ def _restore_qos(target: Target, backup: Path, cluster: str) -> None:
             mgr.add_or_modify(name, qos_mod.QosState.from_dict(before), have[name])
 
 
+def _backup_hook(backup: Path) -> str | None:
+    """The hook a backup holds (None: the apply did not change the hook)."""
+    manifest = json.loads((backup / MANIFEST).read_text())
+    if not manifest.get("hook"):
+        return None
+    return (backup / HOOK_FILE).read_text(encoding="utf-8")
+
+
+def _restore_hook(target: Target, backup: Path) -> None:
+    text = _backup_hook(backup)
+    if text is not None and target.hook is not None:
+        target.hook.install(text)
+
+
 def _mark(backup: Path, suffix: str) -> None:
     backup.rename(backup.with_name(f"{backup.name}.{suffix}"))
 
@@ -305,7 +376,8 @@ def apply(site: Site, target: Target, *, dry_run: bool = False,
     files_plan = classify(old, dict(new))
     live_qos = _qos_live(site, target)
     have_qos, assoc = live_qos.have, live_qos.assoc
-    plan = files_plan + live_qos.plan
+    hook_step = _hook_step(site, target)
+    plan = files_plan + live_qos.plan + hook_step.plan
     if dry_run or not plan.changes:
         return ApplyResult(plan, False, plan.action, seconds=time.monotonic() - t0)
     why = ping(target.env)
@@ -317,7 +389,8 @@ def apply(site: Site, target: Target, *, dry_run: bool = False,
     grants = qos_mod.missing_grants(site, assoc)
     touched = {n: have_qos.get(n) for n, w in wanted.items()
                if n not in have_qos or qos_mod.differing(w, have_qos[n])}
-    backup = _save_backup(target, old, site, touched, grants, files_plan.action)
+    backup = _save_backup(target, old, site, touched, grants, files_plan.action,
+                          hook_step.old if hook_step.new is not None else None)
     nodes = [n.name for n in site.nodes]
     try:
         if files_plan.changes:
@@ -328,6 +401,9 @@ def apply(site: Site, target: Target, *, dry_run: bool = False,
                 if name not in new and old.get(name) is not None:
                     (target.conf_dir / name).unlink(missing_ok=True)
             _bring_to(target, files_plan, nodes, baseline, health_timeout)
+        if hook_step.new is not None and target.hook is not None:
+            # After the files: the new rules may name a partition the new files add.
+            target.hook.install(hook_step.new)
         mgr = _accounting(site, target)
         descriptions = site_levers.qos_records(site)
         for name, want in wanted.items():
@@ -367,6 +443,7 @@ def _roll_back_failed(target: Target, backup: Path, files_plan: Plan,
                 except HetslurmError:
                     target.daemons.restart(nodes)
                     check_health(target.env, nodes, baseline, timeout)
+        _restore_hook(target, backup)
         _restore_qos(target, backup, cluster)
     except HetslurmError as exc:
         return str(exc)
@@ -385,12 +462,20 @@ def rollback(target: Target, *, health_timeout: float = HEALTH_TIMEOUT_S) -> App
     wanted = {name: ((backup / name).read_text(encoding="utf-8") if present else None)
               for name, present in manifest["files"].items()}
     plan = classify(current, wanted)
+    hook_text = _backup_hook(backup)
+    if hook_text is not None and target.hook is not None:
+        now = target.hook.installed()
+        if now != hook_text:
+            plan = plan + Plan((Change(HOOK_FILE, "hook rules", target.hook.describe(now),
+                                       target.hook.describe(hook_text), HOOK_ACTION,
+                                       "the hook from before the apply"),))
     baseline = node_states(target.env) if ping(target.env) is None else {}
     _restore_files(target, backup)
     nodes = conf_nodes(wanted)
     try:
-        if plan.changes:
+        if plan.files:
             _bring_to(target, plan, nodes, baseline, health_timeout)
+        _restore_hook(target, backup)
         _restore_qos(target, backup, manifest["cluster"])
     except HetslurmError as exc:
         raise RolloutError(f"rollback to {backup.name} failed: {exc}") from exc

@@ -17,9 +17,13 @@ from typing import Literal
 
 # "sacctmgr" is the label of a QOS change (written to the accounting database, no daemon
 # involved): output a user reads (docs/cli.md), not a command hetslurm runs here.
-Action = Literal["reconfigure", "restart", "sacctmgr"]
+Action = Literal["reconfigure", "restart", "sacctmgr", "hook"]
 QOS_ACTION: Action = "sacctmgr"
-ACTION_RANK: dict[Action, int] = {QOS_ACTION: 0, "reconfigure": 1, "restart": 2}
+#: A new job_submit.lua: slurmctld reloads it by itself at the next submission (by mtime;
+#: hetslurm/hook/install.py), so it needs no daemon action, only ``hook install``'s checks.
+HOOK_ACTION: Action = "hook"
+ACTION_RANK: dict[Action, int] = {QOS_ACTION: 0, HOOK_ACTION: 0, "reconfigure": 1,
+                                  "restart": 2}
 
 #: Global keys ``scontrol reconfigure`` applies (slurm.conf(5) 22.05 names no restart for
 #: them; PriorityFlags/TRESBillingWeights/PriorityWeight* measured on the testbed).
@@ -79,8 +83,10 @@ class Plan:
 
     @property
     def files(self) -> tuple[str, ...]:
-        """Files with a change (QOS changes name no file)."""
-        return tuple(sorted({c.file for c in self.changes if c.action != QOS_ACTION}))
+        """Configuration files with a change (QOS changes name no file; the hook is
+        installed apart, and reloaded by slurmctld without a reconfigure)."""
+        return tuple(sorted({c.file for c in self.changes
+                             if c.action not in (QOS_ACTION, HOOK_ACTION)}))
 
     def __add__(self, other: Plan) -> Plan:
         return Plan((*self.changes, *other.changes))

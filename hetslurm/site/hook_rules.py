@@ -79,6 +79,9 @@ def hook_rules(site: Site) -> dict[str, Any]:
             entry["rank"] = rank
         if wc.qos is not None:
             entry["qos"] = wc.qos
+        if wc.mem_per_node is not None:
+            # MiB per node for a job of the class that asks for no memory (stage_class_mem).
+            entry["mem"] = wc.mem_per_node
         classes[name] = entry
     users = list(policy.high_priority_users)
     rules: dict[str, Any] = {

@@ -29,6 +29,7 @@ from hetslurm.site.model import (
     ResolvedPartition,
     Site,
     class_features,
+    class_nodes,
     class_weight,
     place_devices,
     ranked_name,
@@ -456,7 +457,7 @@ def _resolve(ctx: _Ctx, f: SiteFile, sections: dict[str, Any]) -> Site:
 
     ranked = _ranked_partitions(ctx, f, partitions, nodes, gpu_order)
     _check_classes_section(ctx, sections.get("classes", {}), gpu_present | fpga_present,
-                           partitions)
+                           partitions, nodes)
     _check_hook_section(ctx, sections.get("hook"), gpu_present)
     _check_levers_section(ctx, levers, nodes, partitions)
     _check_usage_section(ctx, sections.get("usage"), gpu_present)
@@ -555,7 +556,8 @@ def _check_switches(ctx: _Ctx, f: SiteFile, node_class: dict[str, str]) -> dict[
 
 
 def _check_classes_section(ctx: _Ctx, classes: dict[str, Any], models: set[str],
-                           partitions: dict[str, ResolvedPartition]) -> None:
+                           partitions: dict[str, ResolvedPartition],
+                           nodes: list[NodeSpec] | None = None) -> None:
     for cname, wc in classes.items():
         key: KeyPath = ("classes", cname)
         problem = names.ident_problem(cname, "workload class")
@@ -571,6 +573,19 @@ def _check_classes_section(ctx: _Ctx, classes: dict[str, Any], models: set[str],
         if wc.partition is not None and wc.partition not in partitions:
             raise ctx.error((*key, "partition"), f"unknown partition '{wc.partition}'"
                             f"{did_you_mean(wc.partition, partitions)}")
+        if wc.mem_per_node is not None and nodes is not None:
+            _check_class_memory(ctx, key, wc, nodes, partitions)
+
+
+def _check_class_memory(ctx: _Ctx, key: KeyPath, wc: Any, nodes: list[NodeSpec],
+                        partitions: dict[str, ResolvedPartition]) -> None:
+    """A class's default memory must fit one node it can run on: a larger one would leave
+    every job of the class pending for ever (Slurm keeps a job no node can hold)."""
+    allowed = set(partitions[wc.partition].nodes) if wc.partition is not None else None
+    sizes = [n.spec.memory for n in class_nodes(nodes, wc.devices, allowed)]
+    if sizes and wc.mem_per_node > max(sizes):
+        raise ctx.error((*key, "mem_per_node"), f"{wc.mem_per_node} MiB is more than any node "
+                        f"of the class has (largest: {max(sizes)} MiB)")
 
 
 def _check_classify_section(ctx: _Ctx, classify: Any, classes: dict[str, Any]) -> None:

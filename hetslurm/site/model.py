@@ -5,7 +5,7 @@ that receives a :class:`Site` can trust it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -148,6 +148,22 @@ class Site:
     def fpga_models(self) -> tuple[str, ...]:
         return _ordered({c.fpgas.model for c in self.node_classes.values() if c.fpgas},
                         self.scheduling.fpga_model_order)
+
+
+def class_nodes(nodes: Sequence[NodeSpec], devices: Sequence[str],
+                allowed: Collection[str] | None = None) -> list[NodeSpec]:
+    """The nodes a workload class with ``devices`` can run on (those with one of its device
+    models; for ``cpu``, those without devices; all when it names none), within ``allowed``
+    (its partition's nodes) when given."""
+    wanted = set(devices)
+    out = []
+    for n in nodes:
+        if allowed is not None and n.name not in allowed:
+            continue
+        have = {d.model for d in (*n.gpus, *n.fpgas)}
+        if not wanted or have & wanted or ("cpu" in wanted and not have):
+            out.append(n)
+    return out
 
 
 def _ordered(models: set[str], order: tuple[str, ...]) -> tuple[str, ...]:

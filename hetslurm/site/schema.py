@@ -148,6 +148,10 @@ class WorkloadClass(_Strict):
     partition: str | None = None
     qos: str | None = None
     description: str = ""
+    #: Memory per node (MiB, or "16G") the hook gives a job of this class that asks for
+    #: none: no ``mem=`` in its request and no ``--mem``/``--mem-per-cpu``/``--mem-per-gpu``
+    #: (``hetslurm advise`` proposes it from measured MaxRSS; docs/learn.md).
+    mem_per_node: MemoryMiB | None = None
 
 
 class SiteFile(_Strict):

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hetslurm.errors import RolloutError, TestbedError
+from hetslurm.hook.install import InstalledHook
 from hetslurm.levers.live import Target, ping
 from hetslurm.site import Site, load_site
 from hetslurm.testbed import procs
@@ -71,7 +72,8 @@ def rollout_target(tb: Testbed, site: Site) -> Target:
 
     return Target(conf_dir=tb.etc, daemons=TestbedDaemons(tb), whole=True,
                   runtime=tb.runtime(scratch), env=tb.env(),
-                  backup_dir=tb.root / "levers-backups", prepare=prepare)
+                  backup_dir=tb.root / "levers-backups", prepare=prepare,
+                  hook=InstalledHook(tb.etc))
 
 
 def choose_target(site: Site | None, *, testbed_dir: str | Path | None,

@@ -32,6 +32,7 @@ EXTRA_CLASSES = '''
 description = "one GPU model, a QOS, no partition"
 devices = ["a100"]
 qos = "low"
+mem_per_node = "6G"
 
 [classes.mixed]
 description = "GPU and FPGA models"
@@ -67,6 +68,7 @@ JOB_OPTIONS: list[dict[str, Any]] = [
     {"tres_per_node": "gres:fpga:1"}, {"features": "h100"}, {"features": ""},
     {"partition": "cpu"}, {"partition": ""}, {"qos": "high"}, {"qos": ""},
     {"admin_comment": "jobstats:{x}"}, {"comment": "keep me"}, {"min_nodes": 2},
+    {"min_mem_per_node": 2048}, {"min_mem_per_cpu": 512}, {"mem_per_tres": "gres/gpu:1024"},
 ]
 
 
@@ -121,3 +123,26 @@ def test_fast_path_takes_the_common_request(tmp_path: Path) -> None:
     bad = {"user_name": "root", "script": "#!/bin/sh\n#HET gpus=2 class=nosuch\ntrue\n"}
     assert not any("FAST PATH" in line for _, line in marked.submit(bad).log)
     assert not fast.submit(bad).accepted
+
+
+def test_class_memory_only_when_the_job_asks_for_none(tmp_path: Path) -> None:
+    """[classes.solo] mem_per_node = "6G": both paths give a job of the class that names no
+    memory min_mem_per_node = 6144 MiB; mem= in the request, --mem, --mem-per-cpu and
+    --mem-per-gpu each win, and a class without the field writes no memory."""
+    fast, general, _ = _runtimes(_site(tmp_path, "admin_comment"))
+
+    def mem(directive: str, **options: Any) -> Any:
+        job = {"user_name": "root", "script": f"#!/bin/sh\n#HET {directive}\ntrue\n", **options}
+        res = fast.submit(job)
+        assert res == general.submit(job)
+        assert res.accepted, res
+        return dict(res.writes).get("min_mem_per_node")
+
+    assert mem("class=solo") == 6144
+    assert mem("gpus=1 class=solo") == 6144
+    assert mem("class=solo priority=normal") == 6144  # the general path
+    assert mem("class=solo mem=2G") == 2048
+    assert mem("class=solo", min_mem_per_node=1000) is None
+    assert mem("class=solo", min_mem_per_cpu=512) is None
+    assert mem("gpus=1 class=solo", mem_per_tres="gres/gpu:1024") is None
+    assert mem("class=train") is None

@@ -90,6 +90,7 @@ OPTIONS: list[tuple[str, str, list[str], str]] = [
     ("site import", "--gres-conf", ["site", "import", "--gres-conf", BAD], "gres.conf"),
     ("learn speeds", "--site", ["learn", "speeds", "--site", BAD], "site file"),
     ("learn classes", "--site", ["learn", "classes", "--site", BAD], "site file"),
+    ("advise", "--site", ["advise", "--site", BAD], "site file"),
     ("bench accounting", "--site", ["bench", "accounting", "--site", BAD], "site file"),
 ]
 
@@ -104,14 +105,15 @@ NOT_INPUT = {
     # Outputs.
     ("audit", "--out"), ("state dump", "--out"), ("site import", "--out"),
     ("learn speeds", "--out"), ("learn speeds", "--site-out"), ("learn classes", "--out"),
+    ("advise", "--out"),
     # hetslurm's own cache: a version-checked JSON document, ignored (and said so) when it
     # cannot be read, never an error (hetslurm/audit/scripts.py).
-    ("learn speeds", "--script-cache"),
+    ("learn speeds", "--script-cache"), ("advise", "--script-cache"),
     # Scripts are passed on as bytes (Slurm does); see test_explain_script_* below.
     ("explain", "JOB_SCRIPT"),
     # A sacct JSON file is read as bytes and judged as sacct's output; see below.
     ("audit", "--sacct-file"), ("learn speeds", "--sacct-file"),
-    ("learn classes", "--sacct-file"),
+    ("learn classes", "--sacct-file"), ("advise", "--sacct-file"),
 }
 
 

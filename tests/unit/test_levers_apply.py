@@ -97,3 +97,64 @@ def test_unhealthy_cluster_is_not_touched(target: apply_mod.Target,
 def test_health_states() -> None:
     assert apply_mod._bad("idle*") and apply_mod._bad("inval") and apply_mod._bad("drained")
     assert not apply_mod._bad("mixed") and not apply_mod._bad("allocated")
+
+
+# The hook: a site change that touches only the hook's rules (a class's order or memory
+# default) changes no Slurm file; apply re-installs the hook, rollback puts the old one back.
+CLASS = '\n[classes.train]\ndevices = ["h100", "a100"]\npartition = "gpu"\n'
+REORDERED = CLASS.replace('["h100", "a100"]', '["a100", "h100"]') + 'mem_per_node = "2G"\n'
+
+
+@pytest.fixture
+def hooked(target: apply_mod.Target) -> apply_mod.Target:
+    pytest.importorskip("lupa")
+    from dataclasses import replace
+
+    from hetslurm.hook.install import InstalledHook, install_hook
+
+    install_hook(parse_site(BASE + CLASS), target.conf_dir, mode="enforce")
+    return replace(target, hook=InstalledHook(target.conf_dir))
+
+
+def _rules(t: apply_mod.Target) -> str:
+    from hetslurm.hook.render import header
+
+    head = header((t.conf_dir / "job_submit.lua").read_text())
+    assert head is not None
+    return f"{head['rules']} {head['mode']}"
+
+
+def test_hook_rules_change_is_applied_and_rolled_back(hooked: apply_mod.Target) -> None:
+    from hetslurm.site.hook_rules import hook_rules
+
+    before = _rules(hooked)
+    assert apply_mod.diff(parse_site(BASE + CLASS), hooked).changes == ()
+    new = parse_site(BASE + REORDERED)
+    plan = apply_mod.diff(new, hooked)
+    assert [(c.file, c.action) for c in plan.changes] == [("job_submit.lua", "hook")]
+    assert plan.files == () and plan.action == "hook"
+    res = apply_mod.apply(new, hooked)
+    assert res.applied
+    assert _rules(hooked) == f"{hook_rules(new)['digest']} enforce"  # the mode is kept
+    assert hooked.daemons.calls == []  # type: ignore[attr-defined]
+    assert apply_mod.diff(new, hooked).changes == ()
+    back = rollback(hooked)
+    assert [c.action for c in back.plan.changes] == ["hook"]
+    assert _rules(hooked) == before
+    assert hooked.daemons.calls == []  # type: ignore[attr-defined]
+
+
+def test_hook_that_would_not_install_stops_apply_before_any_change(
+        hooked: apply_mod.Target, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hetslurm.errors import ConfigError
+    from hetslurm.hook import install
+
+    before = (hooked.conf_dir / "job_submit.lua").read_text()
+    gres = (hooked.conf_dir / "gres.conf").read_text()
+    monkeypatch.setattr(install, "validate_text", lambda *a, **k: install.ValidationResult(
+        False, "gave a wrong answer to '#HET class=train'", None))
+    with pytest.raises(ConfigError, match="nothing was changed"):
+        apply_mod.apply(parse_site(SHARDS + REORDERED), hooked)
+    assert (hooked.conf_dir / "job_submit.lua").read_text() == before
+    assert (hooked.conf_dir / "gres.conf").read_text() == gres
+    assert backups(hooked) == []

@@ -178,6 +178,7 @@ RULE_COMMANDS: dict[str, list[str]] = {
                  str(PARAMS), "--format", "json"],
     "bench audit": ["bench", "audit", "--real-jobs", "1", "--jobs", "1"],
     "learn classes": ["learn", "classes", "--format", "json"],
+    "advise": ["advise", "--format", "json"],
 }
 
 
