@@ -117,7 +117,10 @@ def test_rebalance_dry_run_then_apply(jobs: Jobs, slurm_env: dict[str, str], tes
     # limit: the energy=low job below waits for a whole A100 node, and backfill starts a
     # relaxed job on that node only if it ends first (26.05 packs three on one node and
     # keeps the fourth off the reserved one while it would run for the partition's day).
-    short = ("-t", "30")
+    # In the default partition (batch), not the class's: the job's own partition is kept, so
+    # the hook writes no per-model partitions (which fall back at once, docs/fallback.md) and
+    # --prefer decides, as for any job outside ranked fallback.
+    short = ("-t", "30", "-p", "batch")
     pref = sbatch_script(jobs, TRAIN, *short, "--prefer=h100", "-J", "prefer-h100")
     hostile_name = f";$(touch {HOSTILE_X})"
     hostile = sbatch_script(jobs, TRAIN, *short, "--prefer=h100", "-J", hostile_name, "--comment",
