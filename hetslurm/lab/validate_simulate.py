@@ -585,6 +585,7 @@ def validate(
                 entry["testbed"] = bed.figures()
                 entry["testbed_models"] = _count(_models(bed.where, site))
                 entry["testbed_seconds"] = round(time.monotonic() - t, 1)
+                entry["testbed_hold_extra_s"] = _hold_extra(bed, pl.runtimes, site)
             entry["per_job"] = _per_job(w, sim, bed)
             for r in compare(sim.figures(), None if bed is None else bed.figures(), w.target):
                 rows.append({"policy": p, **r})
@@ -611,12 +612,30 @@ def _per_job(w: Workload, sim: Outcome, bed: Outcome | None) -> list[dict[str, A
     out = []
     for i, wj in enumerate(w.jobs):
         row: dict[str, Any] = {"id": wj.id, "sim_submit": sim.submit[i],
-                               "sim_start": round(sim.start[i], 2), "sim_where": sim.where[i]}
+                               "sim_start": round(sim.start[i], 2),
+                               "sim_end": round(sim.end[i], 2), "sim_where": sim.where[i]}
         if bed is not None:
             row.update(bed_submit=bed.submit[i], bed_start=bed.start[i],
-                       bed_where=bed.where[i])
+                       bed_end=bed.end[i], bed_where=bed.where[i])
         out.append(row)
     return out
+
+
+def _hold_extra(bed: Outcome, runtimes: Sequence[Mapping[int, float]],
+                site: Site) -> float | None:
+    """How much longer than it slept a job held its allocation on the testbed, the mean
+    over jobs of sacct's End - Start minus its runtime on the node's model: what the
+    workload's ``hold_extra_s`` stands for, as this run saw it (whole seconds each, so
+    about -0.5 to +0.5 s of rounding per job)."""
+    model = ClusterModel.from_site(site)
+    index = {n.name: i for i, n in enumerate(site.nodes)}
+    extra = []
+    for i, nodes in enumerate(bed.where):
+        node = index.get(re.split(r"[\[,]", nodes)[0])
+        secs = runtimes[i].get(int(model.gpu_model[node])) if node is not None else None
+        if secs is not None and math.isfinite(secs):
+            extra.append(bed.end[i] - bed.start[i] - secs)
+    return round(sum(extra) / len(extra), 3) if extra else None
 
 
 def _count(names: Sequence[str]) -> dict[str, int]:
