@@ -29,6 +29,9 @@ ABOUT = {
     "hook_decisions": "What jobs asked for (models, locality) against what they got.",
     "class_agreement": "Jobs that declared a class: how often the class inferred from what "
                        "they did (GPU used or not) agreed.",
+    "energy_jobs": "Energy per GPU job from NVML's energy counter, with the share of its "
+                   "sampled GPU-time the counter covers (the rest is unknown, not guessed).",
+    "energy": "The same summed by user, account, class and GPU model.",
 }
 
 

@@ -29,7 +29,7 @@ from hetslurm.textfile import MAX_DATA_BYTES, read_file_bytes
 #: The sample columns the audit uses (the store reads only these).
 AUDIT_COLUMNS = ("time", "node", "minor", "slurm_index", "gpu_model", "job_id", "job_gpus",
                  "utilization_pct", "memory_used_mib", "status", "interval_s", "attributed",
-                 "clock_jump")
+                 "clock_jump", "energy_j")
 
 
 @dataclass(frozen=True)

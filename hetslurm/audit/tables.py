@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from hetslurm.audit.energy import energy_tables
 from hetslurm.policy.idle import (
     interval_cap,
     judge_windows,
@@ -32,7 +33,7 @@ DEFAULT_SPEED = {"b200": 6.0, "h200": 3.2, "h100": 3.0, "gh200": 3.2, "l40s": 1.
                  "t4": 0.2}
 TABLES = ("by_gpu_model", "by_partition", "by_account", "by_user", "by_class", "idle_jobs",
           "wait", "fragmentation", "right_size", "placement", "hook_decisions",
-          "class_agreement")
+          "class_agreement", "energy_jobs", "energy")
 AGREEMENT_COLUMNS = ("class", "cpu_only", "jobs", "with_evidence", "inferred_cpu",
                      "inferred_gpu", "agreed", "agreement_pct", "rule_jobs", "rule_agreed")
 
@@ -601,6 +602,7 @@ def audit(jobs: Any, samples: Any, site: Site | None, *, since: float, until: fl
     tables["placement"], tables["hook_decisions"] = placement(j, s, site)
     tables["class_agreement"] = class_agreement(jobs, pj, site, usage, since=since,
                                                 until=until)
+    tables["energy_jobs"], tables["energy"] = energy_tables(j, s)
     held_ids = set(s.loc[s["held"], "job_id"].astype("int64").unique()) if len(s) else set()
     meta: dict[str, Any] = {
         "since": since, "until": until, "jobs": len(j), "samples": len(s),
