@@ -44,16 +44,27 @@ def energy_per_job(s: Any, *, max_gap: float = MAX_GAP_INTERVALS) -> Any:
                             index=pd.Index([], dtype="int64", name="job_id"))
     d = s.loc[s["minor"].notna(), ["time", "node", "minor", "job_id", "energy_j",
                                    "interval_s"]]
-    node = pd.factorize(d["node"].astype(str))[0].astype(np.int64)
+    col = d["node"]
+    node = (col.cat.codes.to_numpy().astype(np.int64)
+            if isinstance(col.dtype, pd.CategoricalDtype) else pd.factorize(col)[0])
     minor = d["minor"].to_numpy(dtype="float64").astype(np.int64)
     time = d["time"].to_numpy(dtype="float64")
-    order = np.lexsort((time, minor, node))
-    node, minor, time = node[order], minor[order], time[order]
+    # One integer per device (node, minor); samples in (device, time) order. When the device
+    # and the time in milliseconds fit one int64 key, one argsort of it (a third of a
+    # lexsort's time on ten million samples).
+    dev = node * (int(minor.max()) + 1 if len(minor) else 1) + minor
+    t_ms = np.rint((time - time.min()) * 1000.0).astype(np.int64) if len(time) else time
+    tbits = int(t_ms.max()).bit_length() if len(time) else 0
+    if len(dev) and int(dev.max()).bit_length() + tbits <= 62:
+        order = np.argsort((dev << tbits) | t_ms)
+    else:
+        order = np.lexsort((time, dev))
+    dev, time = dev[order], time[order]
     job = d["job_id"].to_numpy(dtype="float64")[order]
     energy = d["energy_j"].to_numpy(dtype="float64")[order]
     interval = d["interval_s"].to_numpy(dtype="float64")[order]
     same_dev = np.zeros(len(order), dtype=bool)
-    same_dev[1:] = (node[1:] == node[:-1]) & (minor[1:] == minor[:-1])
+    same_dev[1:] = dev[1:] == dev[:-1]
     prev_job = np.full(len(order), np.nan)
     prev_job[1:] = job[:-1]
     dt = np.full(len(order), np.nan)
