@@ -32,6 +32,8 @@ from hetslurm.testbed import Testbed
 
 SLEEP_S = 20
 BUSY_PCT = 85.0
+#: Watts the fake scripts per job's GPUs (the idle job's are unscripted: no energy counter).
+POWER_W = {"busy": 310.0, "a100": 240.0, "any": 275.0}
 
 
 def _sacct_seconds(jobs: Jobs, job_id: str) -> tuple[int, str]:
@@ -87,7 +89,8 @@ def test_collect_attributes_samples_and_audit_finds_the_idle_job(
                 # The test finds minors by the testbed's file naming; the collector reads
                 # gres.conf. Both must agree for the samples to land on the right job.
                 minor = os.minor(os.stat(testbed.root / "dev" / node / f"nvidia{i}").st_rdev)
-                scenario.set_gpu(node, minor, utilization=BUSY_PCT, memory_used_mib=2000)
+                scenario.set_gpu(node, minor, utilization=BUSY_PCT, memory_used_mib=2000,
+                                 power_w=POWER_W[name])
     scenario.save(scen_path)
     assert set(alloc["busy"]) == set(alloc["idle"]) == {"gpu1"}
 
@@ -159,3 +162,17 @@ def test_collect_attributes_samples_and_audit_finds_the_idle_job(
     assert {r["job_id"] for r in doc["idle_jobs"]} >= {int(idle)}
     assert {"gpu_model", "allocated_gpu_hours", "used_gpu_hours", "idle_gpu_hours"} <= set(
         doc["by_gpu_model"][0])
+
+    # Energy per job from the fake's energy counter: the counter's increments over the
+    # covered GPU-seconds are the scripted watts (within 1%), most of each job is covered,
+    # and the job whose GPUs have no counter has no energy, none of it covered.
+    energy = {r["job_id"]: r for r in doc["energy_jobs"]}
+    for name, watts in POWER_W.items():
+        row = energy[int(ids[name])]
+        assert abs(row["mean_power_w"] - watts) <= 0.01 * watts, (name, row)
+        assert row["coverage_pct"] >= 50, (name, row)
+        covered_s = row["covered_gpu_hours"] * 3600
+        assert abs(row["energy_j"] - watts * covered_s) <= 0.01 * watts * covered_s, row
+    assert energy[int(idle)]["energy_j"] == 0 and energy[int(idle)]["coverage_pct"] == 0
+    users = {r["key"]: r for r in doc["energy"] if r["by"] == "user"}
+    assert sum(u["energy_kwh"] for u in users.values()) > 0
