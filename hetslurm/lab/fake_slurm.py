@@ -321,6 +321,9 @@ class FakeSlurm(SlurmBackend):
         if state in (NodeStateChange.RESUME, NodeStateChange.UNDRAIN):
             self.schedule()
 
+    def set_node_weight(self, name: str, weight: int) -> None:
+        self._nodes[name] = replace(self.node(name), weight=int(weight))
+
     # ---------------------------------------------------------------- controller
     def config(self) -> dict[str, str]:
         return dict(self.config_values)

@@ -341,6 +341,30 @@ class Rebalance(_Strict):
 register_section("rebalance", Rebalance, Rebalance())
 
 
+class Weights(_Strict):
+    """``[weights]``: measured GPU load moves node ``Weight=`` within its model's band (the
+    rebalance ``weights`` phase, docs/act.md#measured-load-and-node-weights)."""
+
+    #: Weights a node may move above its site weight; the site's model weights are 10
+    #: apart, so at most 9 keeps every model's band apart (0 switches the phase off).
+    band: Annotated[StrictInt, Field(ge=0, le=9)] = 5
+    #: The utilization window, seconds back from the run.
+    window_s: Annotated[StrictInt, Field(ge=30, le=7 * 86400)] = 600
+    #: Known samples (status ok) a node needs in the window; fewer: unknown, nothing moves.
+    min_samples: Annotated[StrictInt, Field(ge=1, le=100_000)] = 3
+    #: No known sample newer than this: unknown (default: 3 collector intervals).
+    stale_s: Annotated[StrictInt, Field(ge=1, le=86400)] | None = None
+    #: A node moves only when its level changes by at least this many steps.
+    hysteresis: Annotated[StrictInt, Field(ge=1, le=9)] = 2
+    #: Below this mean utilization a node returns to its site weight whatever hysteresis says.
+    release_util_pct: Annotated[StrictFloat | StrictInt, Field(ge=0, le=100)] = 20
+    #: A node that moved less than this ago stays where it is.
+    hold_s: Annotated[StrictInt, Field(ge=0, le=7 * 86400)] = 600
+
+
+register_section("weights", Weights, Weights())
+
+
 class HookPolicy(_Strict):
     """``[hook]``: the job_submit hook's policy (docs/site-config.md, docs/hook.md).
 

@@ -406,6 +406,11 @@ class SlurmBackend(abc.ABC):
         """The controller's running configuration, key -> value as Slurm prints it."""
         raise self._unsupported("reading the controller's configuration")
 
+    def set_node_weight(self, name: str, weight: int) -> None:
+        """``scontrol update NodeName=<name> Weight=<weight>``: lost on ``scontrol
+        reconfigure`` and controller restarts (slurm.conf's weight comes back)."""
+        raise self._unsupported("setting a node's weight")
+
     def topology(self) -> list[SwitchInfo]:
         """The switch tree of ``topology/tree``; empty when the cluster has none."""
         raise self._unsupported("reading the switch topology")

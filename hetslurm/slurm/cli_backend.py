@@ -293,6 +293,12 @@ class CliBackend(SlurmBackend):
             argv.append(f"Reason={reason}")
         self._run_object(f"node '{name}'", *argv)
 
+    def set_node_weight(self, name: str, weight: int) -> None:
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 0 <= weight < 2**32 - 2:
+            raise ValueError(f"node weight must be an integer 0..{2**32 - 3}, got {weight!r}")
+        self._run_object(f"node '{name}'", "scontrol", "update", f"NodeName={name}",
+                         f"Weight={weight}")
+
 
     # ---------------------------------------------------------------- controller
     def config(self) -> dict[str, str]:

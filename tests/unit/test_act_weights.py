@@ -1,0 +1,116 @@
+"""The rebalance weights phase on a fake demo cluster: a busy node goes behind its twin (never
+behind another model), a reset weight is re-asserted, a dry run changes nothing, a second run
+does not act twice, and the log says what was written and why."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pandas as pd
+from _rebalance_fixtures import NOW, _node, demo_site
+
+from hetslurm.act.log import ActionLog
+from hetslurm.act.weights import rules_of, run_weights, written
+from hetslurm.lab.fake_slurm import FakeSlurm
+from hetslurm.site import Site
+
+
+def _cluster(site: Site) -> FakeSlurm:
+    nodes = [replace(_node(site, n.name), weight=n.weight) for n in site.nodes]
+    return FakeSlurm(nodes)
+
+
+def _samples(site: Site, busy: dict[str, float], *, t0: float = NOW - 300,
+             n: int = 10) -> pd.DataFrame:
+    rows = []
+    for spec in site.nodes:
+        for g in spec.gpus:
+            for k in range(n):
+                rows.append({"time": t0 + 30 * k, "node": spec.name, "status": "ok",
+                             "slurm_index": g.index,
+                             "utilization_pct": busy.get(spec.name, 0.0)})
+    return pd.DataFrame(rows)
+
+
+def _gpu_pair(site: Site) -> tuple[str, str, str]:
+    by_model: dict[str, list[str]] = {}
+    for n in site.nodes:
+        if n.gpus:
+            by_model.setdefault(n.gpus[0].model, []).append(n.name)
+    model, names = next((m, v) for m, v in by_model.items() if len(v) >= 2)
+    return model, names[0], names[1]
+
+
+def test_busy_node_moves_within_its_band_and_the_log_says_why(tmp_path: Path) -> None:
+    site = demo_site()
+    _model, busy, other = _gpu_pair(site)
+    slurm = _cluster(site)
+    log = ActionLog(tmp_path / "actions.jsonl")
+    samples = _samples(site, {busy: 95.0})
+
+    plan, outcomes = run_weights(slurm, site, samples, log, apply=False, now=NOW)
+    assert outcomes == [] and not log.path.exists()  # a dry run writes nothing
+    d = {x.node: x for x in plan.decisions}
+    band = rules_of(site).band
+    assert d[busy].action == "set" and d[busy].target == site.node(busy).weight + band
+    assert d[other].action == "keep" and d[other].target == site.node(other).weight
+    # Never past the next model's weight: bands stay apart.
+    weights = sorted({n.weight for n in site.nodes if n.gpus})
+    assert all(d[busy].target < w for w in weights if w > site.node(busy).weight)
+
+    plan, outcomes = run_weights(slurm, site, samples, log, apply=True, now=NOW)
+    assert [(o.node, o.result) for o in outcomes] == [(busy, "done")]
+    assert slurm.node(busy).weight == site.node(busy).weight + band
+    entry = [e for e in log.entries("action") if e["source"] == "weights"][-1]
+    assert entry["node"] == busy and entry["weight"] == slurm.node(busy).weight
+    assert entry["previous"] == site.node(busy).weight and "95%" in entry["why"]
+    assert entry["action_id"]
+
+    # A second run at once: nothing to do (hysteresis and the log say it is there).
+    plan, outcomes = run_weights(slurm, site, samples, log, apply=True, now=NOW + 30)
+    assert outcomes == []
+
+
+def test_reset_by_reconfigure_is_reasserted_then_released_after_hold(tmp_path: Path) -> None:
+    site = demo_site()
+    _model, busy, _other = _gpu_pair(site)
+    slurm = _cluster(site)
+    log = ActionLog(tmp_path / "actions.jsonl")
+    run_weights(slurm, site, _samples(site, {busy: 95.0}), log, apply=True, now=NOW)
+    moved = slurm.node(busy).weight
+    # `site apply` reconfigured: Slurm shows slurm.conf's weight again.
+    slurm.set_node_weight(busy, site.node(busy).weight)
+    _plan, outcomes = run_weights(slurm, site, _samples(site, {busy: 95.0}, t0=NOW), log,
+                                 apply=True, now=NOW + 300)
+    assert [(o.node, o.action, o.result) for o in outcomes] == [(busy, "reassert", "done")]
+    assert slurm.node(busy).weight == moved
+    # The load is gone (the fake was cleared): within the hold nothing moves...
+    quiet = _samples(site, {}, t0=NOW + 300)
+    _plan, outcomes = run_weights(slurm, site, quiet, log, apply=True, now=NOW + 590)
+    assert outcomes == [] and slurm.node(busy).weight == moved
+    # ...after it, the node returns to the site's weight.
+    _plan, outcomes = run_weights(slurm, site, quiet, log, apply=True, now=NOW + 601)
+    assert [(o.node, o.result) for o in outcomes] == [(busy, "done")]
+    assert slurm.node(busy).weight == site.node(busy).weight
+
+
+def test_no_samples_moves_nothing(tmp_path: Path) -> None:
+    site = demo_site()
+    slurm = _cluster(site)
+    log = ActionLog(tmp_path / "actions.jsonl")
+    plan, outcomes = run_weights(slurm, site, _samples(site, {})[:0], log, apply=True, now=NOW)
+    assert outcomes == [] and {d.action for d in plan.decisions} == {"unknown"}
+
+
+def test_written_reads_the_last_weight_and_the_last_move() -> None:
+    entries = [
+        {"source": "weights", "result": "done", "node": "gpu1", "weight": 105, "t": 10.0,
+         "action": "set"},
+        {"source": "weights", "result": "done", "node": "gpu1", "weight": 105, "t": 20.0,
+         "action": "reassert"},
+        {"source": "weights", "result": "failed: x", "node": "gpu1", "weight": 100, "t": 30.0,
+         "action": "set"},
+        {"source": "stall", "result": "done", "node": "gpu1", "weight": 1, "t": 40.0},
+    ]
+    assert written(entries) == {"gpu1": (105, 10.0)}
