@@ -4,10 +4,12 @@ Three phases, in this order, under one lock and one time budget (``[rebalance]``
 
 1. **requeue-stalled** (:func:`hetslurm.act.run.requeue_stalled`, its own policy, lock and
    warnings): idle GPU jobs give their GPUs back first, so the next phase sees them free;
-2. **relax** (:mod:`hetslurm.act.relax`): pending jobs that waited past ``pending_limit_s``
+2. **weights** (:mod:`hetslurm.act.weights`, ``[weights]``): measured GPU load moves node
+   ``Weight=`` within each model's band, and a weight a reconfigure reset is written again;
+3. **relax** (:mod:`hetslurm.act.relax`): pending jobs that waited past ``pending_limit_s``
    and asked for preferred locality or a ranked model list get a relaxed request when the
    placement core says the relaxed one would start now;
-3. **drift** (:mod:`hetslurm.act.drift`): the site file against the live configuration.
+4. **drift** (:mod:`hetslurm.act.drift`): the site file against the live configuration.
 
 A dry run (the default) reads only: no Slurm command that changes anything, no log entry,
 no lock. With ``apply`` a second concurrent run finds the lock held and raises
@@ -32,7 +34,8 @@ from hetslurm.act.log import ActionLog
 from hetslurm.act.relax import RelaxOutcome, RelaxPlan, apply_relax, plan_relax
 from hetslurm.act.run import StallRequest, context_for, requeue_stalled
 from hetslurm.act.stall import RunResult
-from hetslurm.errors import ConfigError
+from hetslurm.act.weights import WeightOutcome, WeightPlan
+from hetslurm.errors import ConfigError, HetslurmError
 from hetslurm.policy.stall import OutputProbe
 from hetslurm.site.schema import Rebalance
 from hetslurm.slurm.backend import JobInfo, NodeInfo, SlurmBackend
@@ -41,7 +44,7 @@ if TYPE_CHECKING:
     from hetslurm.levers.live import Target
     from hetslurm.site.model import Site
 
-PHASES = ("requeue-stalled", "relax", "drift")
+PHASES = ("requeue-stalled", "weights", "relax", "drift")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,8 @@ class RebalanceResult:
     stall: RunResult | None = None
     relax: RelaxPlan | None = None
     relax_outcomes: list[RelaxOutcome] = field(default_factory=list)
+    weights: WeightPlan | None = None
+    weight_outcomes: list[WeightOutcome] = field(default_factory=list)
     drift: DriftReport | None = None
     skipped: list[dict[str, str]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
@@ -81,6 +86,13 @@ class RebalanceResult:
                 out.append({"phase": "requeue-stalled", "job": d.job, "rule": d.rule,
                             "action": d.action, "result": results.get(d.job, ""),
                             "detail": d.reason})
+        if self.weights is not None:
+            wres = {o.node: o.result for o in self.weight_outcomes}
+            for w in self.weights.decisions:
+                out.append({"phase": "weights", "job": w.node, "rule": w.action,
+                            "action": (f"Weight={w.target}" if w.action in ("set", "reassert")
+                                       else ""),
+                            "result": wres.get(w.node, ""), "detail": w.why})
         if self.relax is not None:
             results = {o.job: o.result for o in self.relax_outcomes}
             for r in self.relax.decisions:
@@ -113,9 +125,13 @@ class RebalanceResult:
             relax = {"decisions": [d.to_dict() for d in self.relax.decisions],
                      "outcomes": [o.__dict__ for o in self.relax_outcomes],
                      "quiet": self.relax.quiet}
+        weights = None
+        if self.weights is not None:
+            weights = {**self.weights.to_dict(),
+                       "outcomes": [o.__dict__ for o in self.weight_outcomes]}
         return {"applied": self.applied, "seconds": round(self.seconds, 3),
                 "budget_s": self.budget_s, "over_budget": self.over_budget,
-                "requeue_stalled": stall, "relax": relax,
+                "requeue_stalled": stall, "weights": weights, "relax": relax,
                 "drift": None if self.drift is None else self.drift.to_dict(),
                 "skipped": self.skipped, "problems": self.problems}
 
@@ -181,7 +197,8 @@ def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalanc
     from hetslurm.placement.state import LiveState
 
     now = time.time() if now is None else now
-    wanted = {"requeue-stalled": pol.requeue_stalled, "relax": pol.relax, "drift": pol.drift}
+    wanted = {"requeue-stalled": pol.requeue_stalled, "weights": pol.weights,
+              "relax": pol.relax, "drift": pol.drift}
     if req.phases is not None:
         wanted = {p: p in req.phases for p in PHASES}
     if target is None:
@@ -208,6 +225,23 @@ def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalanc
             res.skipped.append({"phase": "requeue-stalled", "why": str(exc)})
         except ActError as exc:
             res.problems.append(f"requeue-stalled: {exc}")
+
+    if wanted["weights"] and not out_of_time("weights"):
+        from hetslurm.act.weights import rules_of, run_weights
+
+        wsamples = samples
+        if wsamples is None:
+            from hetslurm.act.run import read_samples
+
+            store = req.store or (site.sections["collector"].store
+                                  if site.sections.get("collector") is not None else None)
+            wsamples, problems = read_samples(store, site, now - rules_of(site).window_s, now)
+            res.problems.extend(f"weights: {p}" for p in problems)
+        try:
+            res.weights, res.weight_outcomes = run_weights(backend, site, wsamples, log,
+                                                           apply=req.apply, now=now)
+        except HetslurmError as exc:
+            res.problems.append(f"weights: {exc}")
 
     if wanted["relax"] and not out_of_time("relax"):
         # One read of the cluster for the decision; each edit re-reads its own job.
@@ -241,6 +275,8 @@ def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalanc
                            "seconds": round(clock() - (deadline - budget), 3),
                            "stall_decisions": len(res.stall.decisions) if res.stall else None,
                            "relax_decisions": len(res.relax.decisions) if res.relax else None,
+                           "weight_changes": ([o.result for o in res.weight_outcomes]
+                                              if res.weights else None),
                            "relax_results": dict(Counter(o.result for o in res.relax_outcomes)),
                            "drift_changes": (len(res.drift.changes) if res.drift else None),
                            "skipped": res.skipped})

@@ -1,4 +1,5 @@
-"""``hetslurm rebalance``: the cron entry point (requeue-stalled, relax, drift); docs/act.md."""
+"""``hetslurm rebalance``: the cron entry point (requeue-stalled, weights, relax, drift);
+docs/act.md."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 @click.command("rebalance")
 @site_option()
 @click.option("--apply", "apply_", is_flag=True,
-              help="Act (requeue, relax, notify); without it nothing changes anywhere.")
+              help="Act (requeue, weights, relax, notify); without it nothing changes anywhere.")
 @click.option("--store", type=click.Path(file_okay=False), default=None,
               help="Metrics store folder [default: [collector] store of the site].")
 @click.option("--log", "action_log", type=click.Path(dir_okay=False), default=None,
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 @click.option("--budget", "budget_s", type=click.FloatRange(min=0.0), default=None,
               help="Seconds after which no new work starts [default: [rebalance] "
                    "time_budget_s].")
-@click.option("--only", "only", type=click.Choice(["requeue-stalled", "relax", "drift"]),
+@click.option("--only", "only", type=click.Choice(["requeue-stalled", "weights", "relax", "drift"]),
               multiple=True, help="Run only these phases (repeatable) [default: the site's].")
 @testbed_target_option
 @conf_dir_option(site_key="[rebalance] conf_dir")
@@ -46,15 +47,20 @@ def rebalance(site_file: str | None, apply_: bool, store: str | None, action_log
               lock_file: str | None, budget_s: float | None, only: tuple[str, ...],
               testbed_dir: str | None, conf_dir: str | None, backend: str,
               output_format: str) -> None:
-    """One cron tick: requeue stalled GPU jobs, relax long-pending jobs, report drift.
+    """One cron tick: requeue stalled GPU jobs, move node weights by measured load, relax
+    long-pending jobs, report drift.
 
     \b
     1. requeue-stalled: exactly `hetslurm act requeue-stalled` ([stall]).
-    2. relax: pending jobs that waited past [rebalance] pending_limit_s and asked for
+    2. weights: the mean GPU utilization of each GPU node over [weights] window_s moves
+       its Weight= within its model's band (site weight .. + band, never past the next
+       model), with hysteresis and a hold time; a weight `scontrol reconfigure` reset is
+       written again. Missing or stale samples move nothing.
+    3. relax: pending jobs that waited past [rebalance] pending_limit_s and asked for
        preferred switch locality or a ranked GPU list get only relaxing edits (switch
        wait 0, the model list widened back to the job's own, --prefer dropped), and only
        when the placement core says the relaxed request would start now.
-    3. drift: `hetslurm site diff` of the site against the live files, reported only.
+    4. drift: `hetslurm site diff` of the site against the live files, reported only.
 
     A dry run unless --apply. With --apply a second concurrent run exits 0 at once,
     saying so on stderr, without acting. After [rebalance] time_budget_s no new phase or

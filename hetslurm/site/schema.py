@@ -315,8 +315,9 @@ class Rebalance(_Strict):
     lock_file: str = "/run/hetslurm/rebalance.lock"
     #: Action log for relaxations; default: ``[stall] action_log`` (one log for all acts).
     action_log: str | None = None
-    #: The three parts; each can be switched off.
+    #: The parts (``[weights]`` configures the weights phase); each can be switched off.
     requeue_stalled: StrictBool = True
+    weights: StrictBool = True
     relax: StrictBool = True
     drift: StrictBool = True
     #: A pending job is relaxed only after waiting this long (since it became eligible).
