@@ -214,6 +214,17 @@ def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalanc
             return True
         return False
 
+    if samples is None and wanted["requeue-stalled"] and wanted["weights"]:
+        # One read of the store serves both phases (each keeps to its own window).
+        from hetslurm.act.run import read_samples
+        from hetslurm.act.weights import rules_of
+
+        store = req.store or (site.sections["collector"].store
+                              if site.sections.get("collector") is not None else None)
+        since = now - max(ctx.window_s, rules_of(site).window_s)
+        samples, problems = read_samples(store, site, since, now)
+        res.problems.extend(problems)
+
     if wanted["requeue-stalled"] and not out_of_time("requeue-stalled"):
         sreq = StallRequest(apply=req.apply, store=req.store,
                             action_log=req.action_log or pol.action_log)

@@ -16,7 +16,7 @@ The synthetic state (docs/act.md#benchmark), fixed by ``seed``:
   to relax), a quarter without a record;
 * the site rendered into a folder as the "live" configuration (drift: no change).
 
-The pass is :func:`hetslurm.act.rebalance.rebalance` with ``apply=False`` over all three
+The pass is :func:`hetslurm.act.rebalance.rebalance` with ``apply=False`` over all four
 phases, in a child process: ``pass_peak_rss_mb`` is that process's peak right after the pass
 (the synthetic cluster and the pass), ``peak_rss_mb`` its peak over everything it ran. The
 state is generated in a process of its own (Linux keeps a process's peak RSS across fork and
@@ -215,7 +215,7 @@ def _child(root: Path, params: dict[str, Any]) -> dict[str, Any]:
     seconds = time.perf_counter() - t0
     pass_peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     phases = {}
-    for phase in ("requeue-stalled", "relax", "drift"):
+    for phase in ("requeue-stalled", "weights", "relax", "drift"):
         t1 = time.perf_counter()
         rebalance(backend, RebalanceRequest(store=store, budget_s=3600, phases=(phase,)), site,
                   target=target, now=NOW, output_probe=probe)
