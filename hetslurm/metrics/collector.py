@@ -193,6 +193,9 @@ class Collector:
             "mig_mode": r.mig_mode if r else None,
             "status": status, "interval_s": self.interval_s,
             "attributed": attributed, "clock_jump": jump,
+            "throttle_reasons": r.throttle_reasons if r else None,
+            "ecc_uncorrectable": r.ecc_uncorrectable if r else None,
+            "xid": r.xid if r else None,
         }
 
     def _drain(self, lost: dict[str, list[int]]) -> None:
