@@ -196,3 +196,58 @@ def test_a_collector_reading_the_file_follows_the_cli(tmp_path: Path) -> None:
     assert rows[2]["minor"] == 5 and rows[2]["throttle_reasons"] == "sw_thermal_slowdown"
     assert rows[2]["xid"] == 43 and rows[0]["xid"] is None
     assert {r["slurm_index"]: r for r in coll.tick().rows}[2]["xid"] is None  # once
+
+
+def test_a_hung_read_costs_one_timeout_and_leaves_the_node_unknown() -> None:
+    """Issue 23 item 5: a hung NVML call makes that node's GPUs unknown for the tick; the
+    next ticks are not delayed again and start no second call while it hangs."""
+    from hetslurm.metrics.collector import Collector
+    from hetslurm.metrics.gres import parse_gres_conf
+
+    sc = scenario_for_devices({"gpu1": [(9, "h100"), (3, "h100"), (5, "h100")],
+                               "gpu2": [(7, "a100")]}, start=time.time())
+    sc.set_gpu("gpu1", 3, hang=1)
+    nv = FakeNvml(sc)
+    calls: list[str] = []
+    real_read = nv.read
+
+    def counted(node: str) -> list[Any]:
+        calls.append(node)
+        return real_read(node)
+
+    nv.read = counted  # type: ignore[method-assign]
+    coll = Collector(["gpu1", "gpu2"], nv, None, parse_gres_conf(GRES), interval_s=1.0,
+                     source_timeout_s=0.3)
+    t = time.monotonic()
+    rows = coll.tick().rows
+    first = time.monotonic() - t
+    assert 0.3 <= first < 1.0
+    by_node = {(r["node"], r["slurm_index"]): r for r in rows}
+    assert {by_node[("gpu1", i)]["status"] for i in range(3)} == {"unknown"}
+    assert [by_node[("gpu1", i)]["minor"] for i in range(3)] == [9, 3, 5]
+    values = ("utilization_pct", "memory_used_mib", "power_w", "energy_j", "throttle_reasons",
+              "ecc_uncorrectable", "xid", "uuid", "nvml_index")
+    assert all(by_node[("gpu1", 0)][v] is None for v in values)
+    assert by_node[("gpu2", 0)]["status"] == "ok"  # the other node answered
+    t = time.monotonic()
+    for _ in range(3):
+        rows = coll.tick().rows
+        assert {r["status"] for r in rows if r["node"] == "gpu1"} == {"unknown"}
+    assert time.monotonic() - t < 0.3  # no second timeout while the first call hangs
+    assert calls.count("gpu1") == 1 and calls.count("gpu2") == 4  # one outstanding call
+    sc.gpus["gpu1/3"].pop("hang")
+    coll._pending["gpu1"].done.wait(2)  # the hung call returns; its answer is stale
+    assert {r["status"] for r in coll.tick().rows} == {"ok"}
+    assert calls.count("gpu1") == 2
+    nv.close()
+
+
+def test_source_timeout_is_a_typed_site_key() -> None:
+    from pydantic import ValidationError
+
+    from hetslurm.site.schema import Collector as CollectorConf
+
+    assert CollectorConf().source_timeout_s == 5
+    assert CollectorConf(source_timeout_s=0.5).source_timeout_s == 0.5
+    with pytest.raises(ValidationError):
+        CollectorConf(source_timeout_s=0)
