@@ -101,3 +101,61 @@ def status(state_dir: str | None, output_format: str) -> None:
     rows += [{"daemon": f"node {n}", "pid": "", "alive": s} for n, s in st["nodes"].items()]
     emit(rows, output_format, title=f"testbed {st['dir']} (Slurm {st['slurm_version']})",
          document=st)
+
+
+@testbed.command("fake")
+@_DIR
+@click.option("--list", "list_only", is_flag=True,
+              help="Show what every fake GPU reports now instead of changing anything.")
+@format_option
+@click.argument("target", required=False, metavar="NODE[/INDEX]")
+@click.argument("settings", nargs=-1, metavar="KEY=VALUE... | clear")
+def fake(state_dir: str | None, list_only: bool, output_format: str, target: str | None,
+         settings: tuple[str, ...]) -> None:
+    """Make the testbed's fake GPUs misbehave (the fake NVML a collector reads).
+
+    INDEX is Slurm's GPU index on NODE (mapped to the device minor through the testbed's
+    gres.conf File= lines, as the collector maps it); without it every GPU of NODE changes.
+    Keys: util (%), mem_used_mib, power_w (the energy counter integrates it), throttle
+    (hw_slowdown, hw_thermal_slowdown, hw_power_brake, sw_thermal_slowdown, sw_power_cap,
+    or none), ecc_uncorrectable (count), xid (code, reported once), lost (0/1), hang (0/1:
+    the node's NVML reads block). The bare word `clear` resets the GPU or node. What is set
+    lasts until `clear` or `testbed down`; a running collector follows it at its next tick.
+
+    \b
+      hetslurm testbed fake gpu1/3 util=95 power_w=600 throttle=hw_slowdown
+      hetslurm testbed fake gpu1/0 xid=79 ecc_uncorrectable=2
+      hetslurm testbed fake gpu2 hang=1          # every GPU of gpu2 stops answering
+      hetslurm testbed fake gpu2 clear
+      hetslurm testbed fake --list --format json
+      hetslurm collect --all-nodes --nvml fake --fake-scenario .testbed/fake-nvml.json
+    """
+    from hetslurm.errors import MetricsError
+    from hetslurm.metrics import fake_script
+    from hetslurm.testbed.cluster import SLURMCTLD
+
+    tb = _tb(state_dir)
+    scenario = tb.fake_scenario
+    if not tb.gres_conf.is_file():
+        raise MetricsError(f"no testbed in {tb.root} (no {tb.gres_conf}); start it with "
+                           "`hetslurm testbed up`")
+    if not scenario.is_file():
+        st = tb.load_state()
+        if st is None or not tb.running(st).get(SLURMCTLD):
+            raise MetricsError(f"no fake NVML scenario at {scenario} and the testbed in "
+                               f"{tb.root} is not running; start it with `hetslurm testbed up`")
+        fake_script.new_scenario(tb.gres_conf, scenario)
+        click.echo(f"testbed: made the fake NVML scenario {scenario} from {tb.gres_conf}",
+                   err=True)
+    if list_only:
+        if target or settings:
+            raise click.UsageError("--list takes no NODE or settings")
+        rows = fake_script.list_fake(scenario, tb.gres_conf)
+        emit(rows, output_format, title=f"fake GPUs ({scenario})")
+        return
+    if not target:
+        raise click.UsageError("give NODE[/INDEX] and KEY=VALUE... (or --list)")
+    changed = fake_script.set_fake(scenario, tb.gres_conf, target, settings)
+    click.echo(f"testbed fake: {target}: {' '.join(settings)} "
+               f"(Slurm index -> minor: "
+               f"{', '.join(f'{i}->{m}' for i, m in sorted(changed.items()))})", err=True)

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,26 @@ CLOCK_SLACK_S = 2.0
 #: Samples a node's buffer keeps while its segments cannot be written (a day of a 8-GPU node
 #: at 30 s is 23,040): past that the oldest go, counted.
 MAX_BUFFERED_ROWS = 100_000
+
+
+class _Call:
+    """One source read running in its own thread; ``done`` is set when it returns."""
+
+    def __init__(self, source: NvmlSource, node: str) -> None:
+        self.done = threading.Event()
+        self.result: list[S.GpuReading] = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(source, node), daemon=True,
+                                       name=f"nvml-read-{node}")
+        self.thread.start()
+
+    def _run(self, source: NvmlSource, node: str) -> None:
+        try:
+            self.result = source.read(node)
+        except BaseException as exc:  # handed to the collector's thread, which decides
+            self.error = exc
+        finally:
+            self.done.set()
 
 
 @dataclass
@@ -79,6 +100,11 @@ class Collector:
         store: where segments go (None: keep samples in memory only, for tests).
         minor_of: device path -> minor (the real one stats the character device).
         drain_lost: drain a node one of whose GPUs is lost, with ``drain_reason``.
+        source_timeout_s: how long one tick waits for the source's reads (all nodes' reads
+            run at once, each in its own thread). A node whose read has not answered by then
+            is ``unknown`` this tick, and stays so, without a second call, while that read
+            hangs: at most one outstanding call per node, and a hung driver costs one
+            timeout, not one per tick.
     """
 
     def __init__(self, nodes: Sequence[str], source: NvmlSource, backend: SlurmBackend | None,
@@ -86,6 +112,7 @@ class Collector:
                  interval_s: float = 30.0, flush_s: float = 300.0,
                  minor_of: MinorOf = device_minor, drain_lost: bool = False,
                  drain_reason: str = "hetslurm: GPU lost (NVML)",
+                 source_timeout_s: float = 5.0,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
         self.nodes = list(nodes)
@@ -98,6 +125,8 @@ class Collector:
         self.minor_of = minor_of
         self.drain_lost = drain_lost
         self.drain_reason = drain_reason
+        self.source_timeout_s = float(source_timeout_s)
+        self._pending: dict[str, _Call] = {}  # node -> its read still hung
         self.clock = clock
         self.monotonic = monotonic
         self.buffer: dict[str, list[dict[str, Any]]] = {}
@@ -133,9 +162,10 @@ class Collector:
                 log.warning("Slurm did not answer; samples of this tick carry no job: %s", exc)
         else:
             attributed = False
+        readings = self._read_nodes()
         for node in self.nodes:
             res.rows.extend(self._node_rows(node, t, holders.get(node, {}), attributed,
-                                            jump, res))
+                                            jump, res, readings[node]))
         self.ticks += 1
         if res.lost and self.drain_lost and self.backend is not None:
             self._drain(res.lost)
@@ -143,16 +173,49 @@ class Collector:
             self.buffer.setdefault(row["node"], []).append(row)
         return res
 
+    def _read_nodes(self) -> dict[str, list[S.GpuReading] | None]:
+        """Every node's readings, None for a node whose read did not answer in time."""
+        out: dict[str, list[S.GpuReading] | None] = {}
+        calls: dict[str, _Call] = {}
+        for node in self.nodes:
+            hung = self._pending.get(node)
+            if hung is not None:
+                if not hung.done.is_set():
+                    out[node] = None  # still hung: no second call piles up behind it
+                    continue
+                # It answered after its tick: that answer is stale and dropped.
+                del self._pending[node]
+                log.warning("NVML read of %s answered again", node)
+            calls[node] = _Call(self.source, node)
+        # The real monotonic clock: the deadline is about threads, not the injected clock.
+        deadline = time.monotonic() + self.source_timeout_s
+        for node, call in calls.items():
+            call.done.wait(max(0.0, deadline - time.monotonic()))
+            if not call.done.is_set():
+                self._pending[node] = call
+                out[node] = None
+                log.warning("NVML read of %s did not answer within %gs; its GPUs are %s "
+                            "until it does", node, self.source_timeout_s, S.STATUS_UNKNOWN)
+            elif isinstance(call.error, HetslurmError):
+                log.warning("NVML read failed on %s: %s", node, call.error)
+                out[node] = []
+            elif call.error is not None:
+                raise call.error
+            else:
+                out[node] = call.result
+        return out
+
     def _node_rows(self, node: str, t: float, holders: dict[int, tuple[int, tuple[int, ...]]],
-                   attributed: bool, jump: bool, res: TickResult) -> list[dict[str, Any]]:
+                   attributed: bool, jump: bool, res: TickResult,
+                   readings: list[S.GpuReading] | None) -> list[dict[str, Any]]:
         devices = self.gres.get(node, [])
         index_of_minor = {m: i for i, m in minors_by_index(devices, self.minor_of).items()}
         model_of = {d.index: d.model for d in devices}
-        try:
-            readings = self.source.read(node)
-        except HetslurmError as exc:
-            log.warning("NVML read failed on %s: %s", node, exc)
-            readings = []
+        if readings is None:
+            # The source did not answer: nothing is known, nothing is lost.
+            return [self._row(node, t, None, minor, None, index, model_of.get(index), holders,
+                              attributed, jump, S.STATUS_UNKNOWN, None)
+                    for minor, index in sorted(index_of_minor.items(), key=lambda kv: kv[1])]
         rows: list[dict[str, Any]] = []
         seen: set[int] = set()
         for r in readings:
@@ -193,6 +256,9 @@ class Collector:
             "mig_mode": r.mig_mode if r else None,
             "status": status, "interval_s": self.interval_s,
             "attributed": attributed, "clock_jump": jump,
+            "throttle_reasons": r.throttle_reasons if r else None,
+            "ecc_uncorrectable": r.ecc_uncorrectable if r else None,
+            "xid": r.xid if r else None,
         }
 
     def _drain(self, lost: dict[str, list[int]]) -> None:

@@ -14,9 +14,20 @@ Scenario file::
       "nodes": {"gpu1": {"name": "NVIDIA H100 80GB HBM3", "memory_total_mib": 81559,
                          "minors": [135, 134, 133, 132, 131, 130, 129, 128]}},
       "gpus": {"gpu1/131": {"utilization": [[0, 90], [30, 5]],   # or a number
-                            "memory_used_mib": 20000, "power_w": 450,
+                            "memory_used_mib": 20000, "power_w": [[0, 450], [90, 120]],
+                            "throttle": "hw_slowdown", "ecc_uncorrectable": 2,
+                            "xid": [[45, 79]], "lost": 0, "hang": 0,
                             "fault": "lost", "fault_from": 60}}  # not_supported|lost|mig|missing
     }
+
+``utilization``, ``memory_used_mib`` and ``power_w`` are a number or a step function
+``[[offset, value], ...]``; the energy counter is the integral of ``power_w`` since ``start``
+(joules), so it grows with the power scripted. ``throttle`` is one name of
+:data:`~hetslurm.metrics.samples.THROTTLE_REASONS` (unset: none active), ``ecc_uncorrectable``
+a count, ``xid`` a code or a list of ``[offset, code]`` events (each is reported once, by the
+first read at or after it), ``lost`` 1 makes the device lost and ``hang`` 1 makes every read
+of its node block until the key is cleared (a hung driver, for the collector's timeout).
+``hetslurm testbed fake`` edits these keys by Slurm GPU index (:mod:`fake_script`).
 
 The file is re-read when it changes, so a running collector follows a script that a test or
 the demo rewrites while jobs run.
@@ -28,6 +39,7 @@ import json
 import os
 import random
 import tempfile
+import threading
 import uuid as uuid_mod
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -39,8 +51,10 @@ from hetslurm.metrics.nvml import NvmlSource
 from hetslurm.metrics.samples import (
     STATUS_LOST,
     STATUS_MIG,
+    STATUS_MISSING,
     STATUS_NOT_SUPPORTED,
     STATUS_OK,
+    THROTTLE_REASONS,
     GpuReading,
 )
 from hetslurm.textfile import read_text_file
@@ -82,6 +96,9 @@ class Scenario:
             if g.get("fault") is not None and g["fault"] not in FAULTS:
                 raise MetricsError(f"fake NVML scenario {path}: gpus.{key}.fault must be one "
                                    f"of {', '.join(FAULTS)}")
+            if g.get("throttle") is not None and g["throttle"] not in THROTTLE_REASONS:
+                raise MetricsError(f"fake NVML scenario {path}: gpus.{key}.throttle must be "
+                                   f"one of {', '.join(THROTTLE_REASONS)}")
         return sc
 
     def save(self, path: str | Path) -> None:
@@ -96,8 +113,14 @@ class Scenario:
 
     def set_gpu(self, node: str, minor: int, **values: Any) -> None:
         """Script one device: ``utilization`` (number or [[offset, pct], ...]),
-        ``memory_used_mib``, ``power_w``, ``fault``, ``fault_from``."""
+        ``memory_used_mib``, ``power_w``, ``throttle``, ``ecc_uncorrectable``, ``xid``,
+        ``lost``, ``hang``, ``fault``, ``fault_from`` (see the module docstring)."""
         self.gpus.setdefault(f"{node}/{minor}", {}).update(values)
+
+    def hangs(self, node: str) -> bool:
+        """Whether a device of ``node`` is scripted to hang its reads."""
+        return any(key.split("/", 1)[0] == node and bool(g.get("hang"))
+                   for key, g in self.gpus.items())
 
 
 def scenario_for_devices(devices: Mapping[str, Iterable[tuple[int, str]]], *, seed: int = 7,
@@ -125,8 +148,91 @@ def _value_at(spec: Any, offset: float, default: float) -> float:
     return value
 
 
+def _integral(spec: Any, offset: float) -> float:
+    """The integral of a number or step function over ``[0, offset]`` (0 before its first
+    point): joules from watts."""
+    if isinstance(spec, int | float):
+        return float(spec) * max(offset, 0.0)
+    total, level, since = 0.0, 0.0, 0.0
+    for at, v in sorted((float(a), float(v)) for a, v in spec):
+        at = max(at, 0.0)
+        if at >= offset:
+            break
+        total += level * (at - since)
+        level, since = v, at
+    return total + level * max(offset - since, 0.0)
+
+
+def _events(spec: Any) -> list[tuple[float, int]]:
+    """An ``xid`` key as sorted ``(offset, code)`` events (a bare code happens at 0)."""
+    if spec is None:
+        return []
+    if isinstance(spec, int | float):
+        return [(0.0, int(spec))]
+    return sorted((float(a), int(c)) for a, c in spec)
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """What one scripted device reads at one offset (``xid``: its last scripted event)."""
+
+    status: str
+    utilization_pct: float | None
+    memory_used_mib: float | None
+    memory_total_mib: float
+    power_w: float | None
+    energy_j: float | None
+    throttle_reasons: str | None
+    ecc_uncorrectable: int | None
+    xid: int | None
+    mig_mode: int | None
+    hang: bool
+
+
+def device_state(sc: Scenario, node: str, minor: int, offset: float) -> DeviceState:
+    """The one place that decides what a scripted device reads at ``offset`` (both the
+    fake NVML and ``hetslurm testbed fake --list`` ask it)."""
+    spec = sc.nodes.get(node, {})
+    g = sc.gpus.get(f"{node}/{minor}", {})
+    fault = g.get("fault") if offset >= float(g.get("fault_from", 0)) else None
+    if bool(g.get("lost")):
+        fault = "lost"
+    total = float(spec.get("memory_total_mib", 16384.0))
+    events = [code for at, code in _events(g.get("xid")) if at <= offset]
+    xid = events[-1] if events else None
+    hang = bool(g.get("hang"))
+    if fault in ("lost", "missing"):
+        status = STATUS_LOST if fault == "lost" else STATUS_MISSING
+        return DeviceState(status, None, None, total, None, None, None, None, xid, None, hang)
+    status = _FAULT_STATUS.get(fault or "", STATUS_OK)
+    util = _value_at(g.get("utilization"), offset, sc.default_utilization)
+    power = None if g.get("power_w") is None else _value_at(g["power_w"], offset, 0.0)
+    supported = status != STATUS_NOT_SUPPORTED
+    return DeviceState(
+        status=status,
+        utilization_pct=util if status == STATUS_OK else None,
+        memory_used_mib=_value_at(g.get("memory_used_mib"), offset, 0.0),
+        memory_total_mib=total,
+        power_w=power,
+        # A counter that grows with the power scripted; None where power is unscripted.
+        energy_j=None if power is None else _integral(g["power_w"], offset),
+        throttle_reasons=str(g.get("throttle") or "") if supported else None,
+        ecc_uncorrectable=int(g.get("ecc_uncorrectable", 0)) if supported else None,
+        xid=xid, mig_mode=1 if fault == "mig" else 0, hang=hang,
+    )
+
+
 class FakeNvml(NvmlSource):
-    """Reads a :class:`Scenario` (from a file, re-read when it changes, or in memory)."""
+    """Reads a :class:`Scenario` (from a file, re-read when it changes, or in memory).
+
+    An XID event is reported by the first read of its node at or after it (a read covers
+    ``(previous read, now]``, the first ``[creation, now]``), as NVML's event set reports
+    each event once. A node scripted to ``hang`` blocks its reads until
+    the key is cleared or :meth:`close` is called.
+    """
+
+    #: How often a hung read looks again at the scenario, seconds.
+    HANG_POLL_S = 0.05
 
     def __init__(self, scenario: Scenario | str | Path, clock: Any = None) -> None:
         import time
@@ -135,20 +241,31 @@ class FakeNvml(NvmlSource):
         self._scenario = scenario if isinstance(scenario, Scenario) else Scenario.load(scenario)
         self._mtime = self._path.stat().st_mtime_ns if self._path else 0
         self._clock = clock or time.time
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._created = self._clock() - self._scenario.start
+        self._read_until: dict[str, float] = {}
 
     @property
     def scenario(self) -> Scenario:
-        if self._path is not None:
-            try:
-                mtime = self._path.stat().st_mtime_ns
-            except OSError:
-                mtime = self._mtime  # keep the last good scenario while it is replaced
-            if mtime != self._mtime:
-                self._scenario = Scenario.load(self._path)
-                self._mtime = mtime
-        return self._scenario
+        with self._lock:  # reads of several nodes may run at once (the collector's threads)
+            if self._path is not None:
+                try:
+                    mtime = self._path.stat().st_mtime_ns
+                except OSError:
+                    mtime = self._mtime  # keep the last good scenario while it is replaced
+                if mtime != self._mtime:
+                    self._scenario = Scenario.load(self._path)
+                    self._mtime = mtime
+            return self._scenario
+
+    def close(self) -> None:
+        self._closed.set()  # a hung read returns
 
     def read(self, node: str) -> list[GpuReading]:
+        while self.scenario.hangs(node):
+            if self._closed.wait(self.HANG_POLL_S):
+                raise MetricsError(f"fake NVML closed while a read of {node} hung")
         sc = self.scenario
         spec = sc.nodes.get(node)
         if spec is None:
@@ -159,30 +276,28 @@ class FakeNvml(NvmlSource):
         rng.shuffle(order)  # NVML enumerates by PCI bus id, not by minor or Slurm index
         uuids = {m: str(uuid_mod.UUID(int=rng.getrandbits(128), version=4)) for m in minors}
         offset = self._clock() - sc.start
+        with self._lock:
+            first = node not in self._read_until
+            since = self._read_until.get(node, self._created)
+            self._read_until[node] = max(since, offset)
         out: list[GpuReading] = []
         for nvml_index, minor in enumerate(m for m in order
                                            if not self._gone(sc, node, m, offset)):
-            g = sc.gpus.get(f"{node}/{minor}", {})
-            fault = g.get("fault") if offset >= float(g.get("fault_from", 0)) else None
-            total = float(spec.get("memory_total_mib", 16384.0))
+            d = device_state(sc, node, minor, offset)
+            fresh = [c for at, c in _events(sc.gpus.get(f"{node}/{minor}", {}).get("xid"))
+                     if (at >= since if first else at > since) and at <= offset]
             base: dict[str, Any] = dict(nvml_index=nvml_index, minor=minor,
                                         uuid=f"GPU-{uuids[minor]}",
-                                        name=str(spec.get("name", "NVIDIA fake")))
-            if fault == "lost":
+                                        name=str(spec.get("name", "NVIDIA fake")),
+                                        xid=fresh[-1] if fresh else None)
+            if d.status == STATUS_LOST:
                 out.append(GpuReading(**base, status=STATUS_LOST, error="GPU is lost"))
                 continue
-            util = _value_at(g.get("utilization"), offset, sc.default_utilization)
-            mem = _value_at(g.get("memory_used_mib"), offset, 0.0)
-            power = None if g.get("power_w") is None else _value_at(g["power_w"], offset, 0.0)
-            status = _FAULT_STATUS.get(fault or "", STATUS_OK)
             out.append(GpuReading(
-                **base,
-                utilization_pct=util if status == STATUS_OK else None,
-                memory_used_mib=mem, memory_total_mib=total,
-                power_w=power,
-                # A plausible counter: grows with time; None where power is unscripted.
-                energy_j=None if power is None else power * max(offset, 0.0),
-                mig_mode=1 if fault == "mig" else 0, status=status,
+                **base, utilization_pct=d.utilization_pct, memory_used_mib=d.memory_used_mib,
+                memory_total_mib=d.memory_total_mib, power_w=d.power_w, energy_j=d.energy_j,
+                mig_mode=d.mig_mode, status=d.status, throttle_reasons=d.throttle_reasons,
+                ecc_uncorrectable=d.ecc_uncorrectable,
             ))
         return out
 

@@ -17,8 +17,30 @@ STATUS_MISSING = "missing"  # gres.conf names the device, NVML does not list it
 STATUS_MIG = "mig"  # MIG mode on: whole-GPU utilization means nothing
 STATUS_UNMATCHED = "unmatched"  # NVML lists it, no gres.conf File= has its minor
 STATUS_ERROR = "error"  # any other NVML error
+#: The node's NVML read did not answer within ``[collector] source_timeout_s`` (or an earlier
+#: read of the node still hangs): nothing is known of its devices this tick.
+STATUS_UNKNOWN = "unknown"
 STATUSES = (STATUS_OK, STATUS_NOT_SUPPORTED, STATUS_LOST, STATUS_MISSING, STATUS_MIG,
-            STATUS_UNMATCHED, STATUS_ERROR)
+            STATUS_UNMATCHED, STATUS_ERROR, STATUS_UNKNOWN)
+
+#: NVML clock-event (throttle) reasons that need attention, by the names samples carry, and
+#: their bits in ``nvmlDeviceGetCurrentClocksEventReasons`` (nvml.h; the same bits as the
+#: older ``...ThrottleReasons``). GPU idle, application clocks, sync boost and the display
+#: clock setting are normal operation and are not reported.
+THROTTLE_REASONS: dict[str, int] = {
+    "sw_power_cap": 0x04,
+    "hw_slowdown": 0x08,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake": 0x80,
+}
+
+
+def throttle_names(mask: int) -> str:
+    """The comma-separated reasons of ``THROTTLE_REASONS`` set in an NVML reason bit mask
+    ("" when none is: read, nothing that needs attention)."""
+    return ",".join(name for name, bit in THROTTLE_REASONS.items() if mask & bit)
+
 
 #: Column name -> Arrow type name; the order is the store's column order.
 COLUMNS: dict[str, str] = {
@@ -41,7 +63,14 @@ COLUMNS: dict[str, str] = {
     "interval_s": "float32",  # the collector's interval: the time this sample stands for
     "attributed": "bool",  # Slurm answered this tick (job_id null then means "free")
     "clock_jump": "bool",  # wall clock moved differently from the monotonic clock
+    # Device health (issue 23). Segments written before these columns lack them and read
+    # with them null (store.py); keep new columns at the end so old ones stay a prefix.
+    "throttle_reasons": "string",  # THROTTLE_REASONS names, "," joined; "" none; null unread
+    "ecc_uncorrectable": "int64",  # volatile uncorrected ECC count; null: no ECC
+    "xid": "int32",  # the last XID critical error since the previous tick; null: none
 }
+#: Columns a segment may lack (written before they existed); they read as null.
+HEALTH_COLUMNS = ("throttle_reasons", "ecc_uncorrectable", "xid")
 #: String columns read as categoricals (few distinct values, many rows).
 CATEGORICAL = ("node", "uuid", "gpu_model", "job_gpus", "status")
 
@@ -60,7 +89,7 @@ def value_bounds() -> dict[str, tuple[float, float]]:
     big = float(2**63)
     return {"utilization_pct": (0.0, 100.0), "memory_used_mib": (0.0, big),
             "memory_total_mib": (0.0, big), "power_w": (0.0, big), "energy_j": (0.0, big),
-            "interval_s": (lo, hi)}
+            "interval_s": (lo, hi), "ecc_uncorrectable": (0.0, big), "xid": (0.0, big)}
 
 
 @dataclass(frozen=True)
@@ -77,6 +106,12 @@ class GpuReading:
     power_w: float | None = None
     energy_j: float | None = None
     mig_mode: int | None = None
+    #: Active THROTTLE_REASONS names, "," joined ("": none; None: not read / unsupported).
+    throttle_reasons: str | None = None
+    #: Volatile uncorrected ECC error count (None: ECC unsupported or disabled).
+    ecc_uncorrectable: int | None = None
+    #: The most recent XID critical error seen since the previous read (None: none seen).
+    xid: int | None = None
     status: str = STATUS_OK
     error: str | None = None
 

@@ -51,7 +51,13 @@ from typing import TYPE_CHECKING, Any
 
 from hetslurm import fsguard
 from hetslurm.errors import MetricsError
-from hetslurm.metrics.samples import CATEGORICAL, COLUMNS, arrow_schema, value_bounds
+from hetslurm.metrics.samples import (
+    CATEGORICAL,
+    COLUMNS,
+    HEALTH_COLUMNS,
+    arrow_schema,
+    value_bounds,
+)
 from hetslurm.site.names import NODE_RE
 
 if TYPE_CHECKING:
@@ -287,9 +293,12 @@ class SegmentStore:
                 report.refuse("forged", seg.path, wrong)
                 return None
             cols = None if columns is None else list(dict.fromkeys(["time", "node", *columns]))
+            have = set(pf.schema_arrow.names)
             # One thread: a segment is small, and a thread pool per file costs more than
             # it saves.
-            table = pf.read(columns=cols, use_threads=False)
+            table = pf.read(columns=None if cols is None else [c for c in cols if c in have],
+                            use_threads=False)
+            table = _with_missing_columns(table, COLUMNS if cols is None else cols)
         except (pa.ArrowException, OSError, ValueError) as exc:
             report.refuse("corrupt", seg.path, str(exc).splitlines()[0][:120])
             return None
@@ -521,15 +530,35 @@ def _expected_schema() -> Any:
                       if f.name in CATEGORICAL else f for f in arrow_schema()])
 
 
+#: The columns of a segment written before the device-health columns existed.
+_OLDER_COLUMNS = [c for c in COLUMNS if c not in HEALTH_COLUMNS]
+
+
+def _with_missing_columns(table: Any, wanted: Iterable[str]) -> Any:
+    """``table`` with every column of ``wanted`` it lacks (a segment written before that
+    column existed: only HEALTH_COLUMNS pass the schema check) appended as nulls, in the
+    store's type, so old and new segments concatenate and compact alike."""
+    import pyarrow as pa
+
+    schema = arrow_schema()
+    for name in wanted:
+        if name not in table.schema.names:
+            table = table.append_column(schema.field(name),
+                                        pa.nulls(table.num_rows, schema.field(name).type))
+    return table
+
+
 def _schema_problem(schema: Any) -> str | None:
     import pyarrow as pa
 
     if schema.equals(_expected_schema()):
         return None  # the common case, in one comparison; anything else is examined below
     names = schema.names
-    if names != list(COLUMNS):
+    if names != list(COLUMNS) and names != _OLDER_COLUMNS:
         return f"columns {names} are not the store's"
     for f in arrow_schema():
+        if f.name not in names:
+            continue  # a column added since (HEALTH_COLUMNS): read as null
         got = schema.field(f.name).type
         if pa.types.is_dictionary(got):
             got = got.value_type
@@ -627,7 +656,7 @@ def normalise_frame(frame: Any) -> Any:
 
     out = frame
     have = set(out.columns)
-    for col in ("job_id", "slurm_index", "minor", "nvml_index"):
+    for col in ("job_id", "slurm_index", "minor", "nvml_index", "ecc_uncorrectable", "xid"):
         if col in have:
             out[col] = out[col].astype("Int64")
     for col in ("utilization_pct", "memory_used_mib", "memory_total_mib", "power_w",

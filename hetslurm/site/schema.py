@@ -214,6 +214,9 @@ class Collector(_Strict):
     #: The fake NVML's scenario file (JSON), required when ``nvml = "fake"``.
     fake_scenario: str | None = None
     interval_s: Annotated[StrictFloat | StrictInt, Field(ge=0.1, le=3600)] = 30
+    #: Seconds a tick waits for a node's NVML read; a node that has not answered is
+    #: ``unknown`` for the tick (and while that read hangs), not a stalled collector.
+    source_timeout_s: Annotated[StrictFloat | StrictInt, Field(gt=0, le=600)] = 5
     #: Samples are written as one segment per node at least this often.
     flush_s: Annotated[StrictFloat | StrictInt, Field(ge=0.1, le=86400)] = 300
     store: str = "/var/lib/hetslurm/metrics"

@@ -159,6 +159,16 @@ class Testbed:
         return self.root / "testbed.json"
 
     @property
+    def gres_conf(self) -> Path:
+        return self.etc / "gres.conf"
+
+    @property
+    def fake_scenario(self) -> Path:
+        """The fake NVML scenario ``hetslurm testbed fake`` edits and a collector run with
+        ``--nvml fake --fake-scenario`` on it follows; removed by :meth:`down`."""
+        return self.root / "fake-nvml.json"
+
+    @property
     def bindir(self) -> Path:
         """Where the wrappers of a root's Slurm programs live (first on ``PATH``)."""
         return self.root / "bin"
@@ -837,6 +847,8 @@ class Testbed:
             owner_file = roots.root_path(self.slurm_release) / ROOT_OWNER
             if owner_file.is_file() and owner_file.read_text().strip() == str(self.root):
                 owner_file.unlink()
+        # What `testbed fake` scripted lasts until `clear` or down.
+        self.fake_scenario.unlink(missing_ok=True)
         if st.mounts:
             stuck = roots.unmount(st.mounts)
             st.mounts = stuck

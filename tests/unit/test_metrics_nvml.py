@@ -10,6 +10,7 @@ import pytest
 from hetslurm.errors import MetricsError
 from hetslurm.metrics import nvml as nvml_mod
 from hetslurm.metrics.nvml import RealNvml
+from hetslurm.metrics.samples import THROTTLE_REASONS
 
 
 def _stub(lost_at: int | None = None, util_unsupported: bool = False) -> Any:
@@ -62,6 +63,78 @@ def test_not_supported_utilization_becomes_none(monkeypatch: pytest.MonkeyPatch)
     assert r0.memory_used_mib == 2.0
 
 
+def _with_health(stub: Any, *, old_names: bool = False, ecc_supported: bool = True,
+                 xids: list[tuple[int, int]] | None = None) -> Any:
+    """``stub`` with the health calls: clock-event reasons (or, ``old_names``, the older
+    throttle-reason call), ECC counts and an event set that yields ``xids`` (index, code)."""
+    pending = list(xids or [])
+    registered: list[int] = []
+
+    class NVMLError_Timeout(stub.NVMLError):  # type: ignore[name-defined,misc]
+        pass
+
+    def reasons(h: int) -> int:
+        # device 0: HW slowdown + power cap + GPU idle (0x1, ignored); device 1: idle only
+        return 0x08 | 0x04 | 0x01 if h == 0 else 0x01
+
+    def ecc(h: int, kind: int, counter: int) -> int:
+        if not ecc_supported:
+            raise stub.NVMLError_NotSupported()
+        assert (kind, counter) == (1, 0)  # uncorrected, volatile
+        return 3 if h == 0 else 0
+
+    def wait(event_set: object, timeout_ms: int) -> Any:
+        assert timeout_ms == 0
+        if not pending:
+            raise NVMLError_Timeout()
+        index, code = pending.pop(0)
+        return types.SimpleNamespace(device=index, eventData=code)
+
+    stub.NVMLError_Timeout = NVMLError_Timeout
+    setattr(stub, "nvmlDeviceGetCurrentClocksThrottleReasons" if old_names
+            else "nvmlDeviceGetCurrentClocksEventReasons", reasons)
+    stub.nvmlDeviceGetTotalEccErrors = ecc
+    stub.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, stub.NVML_VOLATILE_ECC = 1, 0
+    stub.nvmlEventTypeXidCriticalError = 8
+    stub.nvmlEventSetCreate = lambda: "set"
+    stub.nvmlEventSetFree = lambda s: None
+    stub.nvmlDeviceRegisterEvents = lambda h, kind, s: registered.append(h)
+    stub.nvmlEventSetWait_v2 = wait
+    stub.nvmlDeviceGetIndex = lambda h: h
+    stub.pending, stub.registered = pending, registered
+    return stub
+
+
+def test_health_fields_throttle_ecc_and_xid(monkeypatch: pytest.MonkeyPatch) -> None:
+    stub = _with_health(_stub())
+    monkeypatch.setattr(nvml_mod, "load_pynvml", lambda: stub)
+    src = RealNvml()
+    r0, r1 = src.read("n")
+    assert (r0.throttle_reasons, r1.throttle_reasons) == ("sw_power_cap,hw_slowdown", "")
+    assert (r0.ecc_uncorrectable, r1.ecc_uncorrectable) == (3, 0)
+    assert (r0.xid, r1.xid) == (None, None) and stub.registered == [0, 1]
+    stub.pending.extend([(1, 13), (1, 79), (0, 48)])
+    r0, r1 = src.read("n")
+    assert (r0.xid, r1.xid) == (48, 79)  # the last XID of each device since the last read
+    r0, r1 = src.read("n")
+    assert (r0.xid, r1.xid) == (None, None)
+    assert stub.registered == [0, 1]  # registered once
+    src.close()
+
+
+def test_health_fields_degrade_to_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    stub = _with_health(_stub(), old_names=True, ecc_supported=False)
+    monkeypatch.setattr(nvml_mod, "load_pynvml", lambda: stub)
+    r0, _ = RealNvml().read("n")
+    assert r0.throttle_reasons == "sw_power_cap,hw_slowdown"  # the older call still works
+    assert r0.ecc_uncorrectable is None
+    bare = _stub(lost_at=1)  # a library with none of the health calls
+    monkeypatch.setattr(nvml_mod, "load_pynvml", lambda: bare)
+    r0, r1 = RealNvml().read("n")
+    assert (r0.throttle_reasons, r0.ecc_uncorrectable, r0.xid) == (None, None, None)
+    assert r0.status == "ok" and r1.status == "lost"
+
+
 @pytest.mark.gpu
 def test_real_nvml_on_a_real_gpu() -> None:
     import pynvml
@@ -78,6 +151,10 @@ def test_real_nvml_on_a_real_gpu() -> None:
     assert readings, "NVML initialised but listed no device"
     for r in readings:
         assert r.minor is not None and r.uuid and r.uuid.startswith(("GPU-", "MIG-"))
+        # Health fields are read or None, never an exception (gpustat's rule).
+        assert r.throttle_reasons is None or set(r.throttle_reasons.split(",")) - {""} <= set(
+            THROTTLE_REASONS)
+        assert r.ecc_uncorrectable is None or r.ecc_uncorrectable >= 0
         assert r.memory_total_mib and r.memory_total_mib > 0
         if r.status == "ok":
             assert r.utilization_pct is not None and 0 <= r.utilization_pct <= 100

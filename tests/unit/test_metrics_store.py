@@ -202,3 +202,87 @@ def test_node_names_cannot_escape_the_store(tmp_path: Path) -> None:
 
     with pytest.raises(MetricsError):
         SegmentStore(tmp_path).write("../etc", rows("x", T0, 1))
+
+
+def _write_old_segment(st: SegmentStore, node: str, t0: float, n: int) -> Path:
+    """A segment as a store written before the device-health columns existed: the same
+    schema without them, through the store's own writer path (name, atomic rename)."""
+    import pyarrow as pa
+
+    from hetslurm.metrics import store as store_mod
+    from hetslurm.metrics.samples import HEALTH_COLUMNS, arrow_schema
+
+    old = pa.schema([f for f in arrow_schema() if f.name not in HEALTH_COLUMNS])
+    table = pa.Table.from_pylist(
+        [{k: v for k, v in r.items() if k not in HEALTH_COLUMNS} for r in rows(node, t0, n)],
+        schema=old)
+    folder = st.root / node / store_mod.day_of(t0)
+    folder.mkdir(parents=True, exist_ok=True)
+    for d in (st.root, st.root / node, folder):
+        d.chmod(0o755)
+    target = folder / st._name("seg", t0, t0 + n - 1)
+    store_mod._write_atomic(table, target)
+    return target
+
+
+def test_segments_older_than_the_health_columns_read_with_them_null(tmp_path: Path) -> None:
+    st = SegmentStore(tmp_path)
+    _write_old_segment(st, "gpu1", T0, 3)
+    new = rows("gpu1", T0 + 10, 2)
+    new[0].update(throttle_reasons="hw_slowdown,sw_power_cap", ecc_uncorrectable=3, xid=79)
+    new[1].update(throttle_reasons="", ecc_uncorrectable=0)
+    st.write("gpu1", new)
+    frame, rep = st.read()
+    assert not rep.partial and rep.segments == 2 and len(frame) == 10
+    frame = frame.sort_values(["time", "minor"]).reset_index(drop=True)
+    old, fresh = frame.iloc[:6], frame.iloc[6:]
+    assert old["throttle_reasons"].isna().all() and old["ecc_uncorrectable"].isna().all()
+    assert old["xid"].isna().all()
+    assert list(fresh["throttle_reasons"].iloc[:2]) == ["hw_slowdown,sw_power_cap", ""]
+    assert frame["ecc_uncorrectable"].dtype.name == "Int64"
+    assert list(fresh["ecc_uncorrectable"].iloc[:2]) == [3, 0]
+    assert fresh["xid"].iloc[0] == 79 and fresh["xid"].isna().sum() == 3
+    # Asking for the new columns only, of an old segment alone, reads them null too.
+    only_old, rep = st.read(until=T0 + 5, columns=["xid", "throttle_reasons"])
+    assert len(only_old) == 6 and only_old["xid"].isna().all() and not rep.partial
+
+
+def test_old_and_new_segments_compact_into_the_current_schema(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    st = SegmentStore(tmp_path)
+    _write_old_segment(st, "gpu1", T0, 3)
+    new = rows("gpu1", T0 + 10, 2)
+    new[0]["xid"] = 48
+    st.write("gpu1", new)
+    assert st.compact(older_than_s=0, now=T0 + 100)["merged"] == 2
+    (seg,) = st.segments("gpu1")
+    assert pq.read_schema(seg.path).names == list(COLUMNS)
+    frame, rep = st.read()
+    assert len(frame) == 10 and not rep.partial and frame["xid"].dropna().tolist() == [48]
+
+
+def test_a_segment_lacking_other_columns_is_still_forged(tmp_path: Path) -> None:
+    import pyarrow as pa
+
+    from hetslurm.metrics import store as store_mod
+    from hetslurm.metrics.samples import arrow_schema
+
+    st = SegmentStore(tmp_path)
+    p = _good(st)
+    drop = pa.schema([f for f in arrow_schema() if f.name != "power_w"])
+    table = pa.Table.from_pylist([{k: v for k, v in r.items() if k != "power_w"}
+                                  for r in rows("gpu1", T0, 4)], schema=drop)
+    p.unlink()
+    store_mod._write_atomic(table, p)
+    _, rep = st.read()
+    assert rep.refused["forged"] == 1
+
+
+def test_health_values_out_of_range_are_forged(tmp_path: Path) -> None:
+    st = SegmentStore(tmp_path)
+    bad = rows("gpu1", T0, 2)
+    bad[1]["ecc_uncorrectable"] = -1
+    st.write("gpu1", bad)
+    _, rep = st.read()
+    assert rep.refused["forged"] == 1
