@@ -292,6 +292,8 @@ def apply_cmd(site_file: str, testbed_dir: str | None, conf_dir: str | None, who
     else:
         click.echo(f"applied ({res.action}) in {res.seconds:.1f}s; backup {res.backup}",
                    err=True)
+    for note in res.notes:
+        click.echo(f"note: {note}", err=True)
     emit(_change_rows(res.plan.changes), output_format, title=f"site '{s.name}'",
          document=res.to_dict())
 

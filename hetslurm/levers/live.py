@@ -378,8 +378,10 @@ def apply(site: Site, target: Target, *, dry_run: bool = False,
     have_qos, assoc = live_qos.have, live_qos.assoc
     hook_step = _hook_step(site, target)
     plan = files_plan + live_qos.plan + hook_step.plan
+    notes = _weight_notes(site, target, files_plan.action)
     if dry_run or not plan.changes:
-        return ApplyResult(plan, False, plan.action, seconds=time.monotonic() - t0)
+        return ApplyResult(plan, False, plan.action, seconds=time.monotonic() - t0,
+                           notes=notes)
     why = ping(target.env)
     if why:
         raise RolloutError(f"the cluster is not healthy before the change ({why}); "
@@ -420,7 +422,26 @@ def apply(site: Site, target: Target, *, dry_run: bool = False,
                                rolled_back=False) from exc
         raise RolloutError(f"apply failed ({exc}); rolled back to the previous configuration, "
                            "cluster healthy", rolled_back=True) from exc
-    return ApplyResult(plan, True, plan.action, str(backup), time.monotonic() - t0)
+    return ApplyResult(plan, True, plan.action, str(backup), time.monotonic() - t0,
+                       notes=notes)
+
+
+def _weight_notes(site: Site, target: Target, action: str | None) -> tuple[str, ...]:
+    """What a reconfigure or restart does to node weights set with ``scontrol`` (the
+    rebalance weights phase moves them): they go back to slurm.conf's, and the phase's next
+    run writes them again. Names the nodes whose live weight is not the site's."""
+    if action not in ("reconfigure", "restart"):
+        return ()
+    try:
+        live = {n.name: n.weight for n in get_backend("cli", target.env).nodes()}
+    except HetslurmError:
+        return ()
+    moved = [f"{n.name} {live[n.name]} -> {n.weight}" for n in site.nodes
+             if n.name in live and live[n.name] != n.weight]
+    if not moved:
+        return ()
+    return (f"scontrol {action} resets the node weights set with scontrol ({', '.join(moved)});"
+            " the next `hetslurm rebalance` (weights phase) writes the ones it set again",)
 
 
 def _roll_back_failed(target: Target, backup: Path, files_plan: Plan,
