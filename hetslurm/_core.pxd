@@ -108,7 +108,7 @@ cdef enum:
     T_ISLANDS = 1       # NVLink islands spanned by the chosen GPUs, minus one
     T_NUMA = 2          # NUMA domains spanned by the chosen GPUs and cores, minus one
     T_LEFTOVER = 3      # free GPUs + FPGAs left on the node after placing (best fit)
-    T_LOAD = 4          # per mille of the node's cores in use after placing
+    T_LOAD = 4          # max(per mille of the node's cores in use after placing, measured)
     T_ENERGY = 5        # busy-minus-idle watts of the devices used
     T_WEIGHT = 6        # the node's Slurm Weight
     N_T = 7
@@ -187,6 +187,9 @@ cdef class PlacementCore:
     cdef const int64_t[::1] weight
     cdef const int32_t[::1] gpu_dyn_w
     cdef const int32_t[::1] fpga_dyn_w
+    # Measured load per node, per mille (0 = unknown or idle); the load term is the larger of
+    # this and the allocated share. Never changed by a commit (a placement is not measured).
+    cdef int32_t[::1] load_milli
     # Live state (owned copies; batch placement consumes them).
     cdef uint8_t[::1] available
     cdef uint8_t[::1] gpu_free
@@ -211,6 +214,8 @@ cdef class PlacementCore:
     cdef int64_t[::1] row_min_dyn
     cdef int64_t[::1] row_max_island
     cdef int64_t[::1] row_max_cores
+    # ... and the smallest measured load of a row's nodes (the load term is >= it).
+    cdef int64_t[::1] row_min_load
     # The same over FPGAs: one bitset per (FPGA model + 1, free FPGAs), for requests that
     # ask FPGAs and no GPUs, with the per-row bounds (smallest weight and per-FPGA watts,
     # largest core count).
@@ -222,6 +227,7 @@ cdef class PlacementCore:
     cdef int64_t[::1] frow_min_weight
     cdef int64_t[::1] frow_min_dyn
     cdef int64_t[::1] frow_max_cores
+    cdef int64_t[::1] frow_min_load
     # Static bitset of the nodes with no GPU and no FPGA (CPU-only requests walk only these),
     # and per GPU index row the number of such nodes.
     cdef uint64_t[::1] nodev_bits

@@ -89,6 +89,7 @@ class PlacementCore:
         fpga_free: npt.NDArray[np.uint8],
         core_free: npt.NDArray[np.uint8],
         mem_free: npt.NDArray[np.int64],
+        load_milli: npt.NDArray[np.int32] | None = None,
     ) -> None: ...
     def place(
         self,

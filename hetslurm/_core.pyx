@@ -558,6 +558,10 @@ cdef int _cmp_i32(const void* a, const void* b) noexcept nogil:
     return (x > y) - (x < y)
 
 
+cdef inline int64_t _max64(int64_t a, int64_t b) noexcept nogil:
+    return a if a > b else b
+
+
 cdef inline int64_t _weigh(const int64_t* terms, const int64_t[::1] w) noexcept nogil:
     cdef int64_t s = 0
     cdef Py_ssize_t t
@@ -707,7 +711,9 @@ cdef class PlacementCore:
     * gpu_dyn_w, fpga_dyn_w (N,) int32: busy-minus-idle watts of one device of the node.
 
     State arrays (copied): available (N,) uint8; gpu_free (G,), fpga_free (F,), core_free
-    (C,) uint8 (1 = free); mem_free (N,) int64 MiB.
+    (C,) uint8 (1 = free); mem_free (N,) int64 MiB; load_milli (N,) int32 in 0..1000, the
+    measured load per mille (None: 0 everywhere, nothing measured). The load term is the
+    larger of the share of cores allocated after placing and the measured load.
     """
 
     def __cinit__(self, *args, **kwargs):
@@ -746,6 +752,7 @@ cdef class PlacementCore:
         fpga_free,
         core_free,
         mem_free,
+        load_milli=None,
     ):
         cdef Py_ssize_t n = cores_total.shape[0]
         cdef Py_ssize_t i, j, c, nodes_alloc = n if n > 0 else 1
@@ -758,12 +765,21 @@ cdef class PlacementCore:
         cdef uint8_t[::1] ffree_a = np.array(fpga_free, dtype=np.uint8, copy=True)
         cdef uint8_t[::1] cfree_a = np.array(core_free, dtype=np.uint8, copy=True)
         cdef int64_t[::1] mfree_a = np.array(mem_free, dtype=np.int64, copy=True)
+        cdef int32_t[::1] load_a = (
+            np.zeros(n, dtype=np.int32) if load_milli is None
+            else np.array(load_milli, dtype=np.int32, copy=True)
+        )
         _check_cluster(
             n, cores_total, mem_total, gpu_model, gpu_offsets, gpu_island, gpu_numa, gpu_mem,
             fpga_model, fpga_offsets, numa_offsets, core_offsets, core_numa, leaf,
             switch_parent, switch_level, weight, gpu_dyn_w, fpga_dyn_w, n_gpu_models,
             n_fpga_models, avail_a, gfree_a, ffree_a, cfree_a, mfree_a,
         )
+        # The bucket bounds take a row's smallest measured load as a floor of its load term,
+        # so a value outside 0..1000 would make a bound (and a score) the model never meant.
+        _exact(fn, "load_milli", load_a.shape[0], n, "one per node")
+        for i in range(n):
+            _in_range(fn, "load_milli", load_a[i], 0, 1000)
         self.n_nodes = n
         self.n_fpga_models = n_fpga_models
         self.n_gpu_models = n_gpu_models
@@ -791,6 +807,7 @@ cdef class PlacementCore:
         self.fpga_free = ffree_a
         self.core_free = cfree_a
         self.mem_free = mfree_a
+        self.load_milli = load_a
 
         self.max_gpus = 0
         self.max_numa = 1
@@ -816,8 +833,11 @@ cdef class PlacementCore:
         self.row_min_dyn = np.full(rows, -1, dtype=np.int64)
         self.row_max_island = np.ones(rows, dtype=np.int64)
         self.row_max_cores = np.ones(rows, dtype=np.int64)
+        self.row_min_load = np.full(rows, -1, dtype=np.int64)
         for i in range(n):
             r = gpu_model[i] + 1
+            if self.row_min_load[r] < 0 or load_a[i] < self.row_min_load[r]:
+                self.row_min_load[r] = load_a[i]
             if self.row_min_weight[r] < 0 or weight[i] < self.row_min_weight[r]:
                 self.row_min_weight[r] = weight[i]
             if self.row_min_dyn[r] < 0 or gpu_dyn_w[i] < self.row_min_dyn[r]:
@@ -853,6 +873,7 @@ cdef class PlacementCore:
         self.frow_min_weight = np.full(frows, -1, dtype=np.int64)
         self.frow_min_dyn = np.full(frows, -1, dtype=np.int64)
         self.frow_max_cores = np.ones(frows, dtype=np.int64)
+        self.frow_min_load = np.full(frows, -1, dtype=np.int64)
         self.nodev_bits = np.zeros(self.n_words, dtype=np.uint64)
         self.row_nodev = np.zeros(rows, dtype=np.int32)
         for i in range(n):
@@ -863,6 +884,8 @@ cdef class PlacementCore:
                 self.frow_min_dyn[fr] = fpga_dyn_w[i]
             if cores_total[i] > self.frow_max_cores[fr]:
                 self.frow_max_cores[fr] = cores_total[i]
+            if self.frow_min_load[fr] < 0 or load_a[i] < self.frow_min_load[fr]:
+                self.frow_min_load[fr] = load_a[i]
             if gpu_offsets[i + 1] == gpu_offsets[i] and fpga_offsets[i + 1] == fpga_offsets[i]:
                 self.nodev_bits[i >> 6] |= (<uint64_t>1) << (i & 63)
                 self.row_nodev[gpu_model[i] + 1] += 1
@@ -1073,7 +1096,12 @@ cdef class PlacementCore:
         terms[T_ISLANDS] = islands - 1 if islands > 0 else 0
         terms[T_NUMA] = span - 1 if span > 0 else 0
         terms[T_LEFTOVER] = self.gpu_free_count[i] - ng + self.fpga_free_count[i] - nf
+        # The larger of the allocated share and the measured load: both say how busy the
+        # node is, and a job counted in one is usually seen by the other (a sum would count
+        # it twice). Unknown measurements are 0, so they never raise the term.
         terms[T_LOAD] = (self.cores_total[i] - free_cores + nc) * 1000 // self.cores_total[i]
+        if self.load_milli[i] > terms[T_LOAD]:
+            terms[T_LOAD] = self.load_milli[i]
         terms[T_ENERGY] = ng * self.gpu_dyn_w[i] + nf * self.fpga_dyn_w[i]
         terms[T_WEIGHT] = self.weight[i]
         if not write:
@@ -1204,7 +1232,9 @@ cdef class PlacementCore:
             cpu_mask = &self.nodev_bits[0]
         # Buckets to visit, with a lower bound on the score of any node in them: the model
         # rank of the row, leftover >= free devices of the bucket - asked, the row's smallest
-        # weight and device watts; islands, NUMA and load terms are >= 0. Requests with GPUs
+        # weight and device watts, load >= max(asked cores / the row's largest node, the
+        # row's smallest measured load) (each is <= one operand of the node's max); islands
+        # and NUMA terms are >= 0. Requests with GPUs
         # walk the GPU index; FPGA-only requests walk the FPGA index (a node that fits has an
         # allowed FPGA model and >= nf free FPGAs); the rest walk the GPU index whole, or only
         # its zero-free-GPU buckets for CPU-only requests.
@@ -1224,7 +1254,8 @@ cdef class PlacementCore:
                         + w[T_LEFTOVER] * (c - nf)
                         + w[T_WEIGHT] * self.frow_min_weight[row]
                         + w[T_ENERGY] * nf * self.frow_min_dyn[row]
-                        + w[T_LOAD] * (nc * 1000 // self.frow_max_cores[row])
+                        + w[T_LOAD] * _max64(nc * 1000 // self.frow_max_cores[row],
+                                             self.frow_min_load[row])
                     )
                     self.b_lb[nb] = lb
                     self.b_order[nb] = <int32_t>(row * width + c)
@@ -1253,7 +1284,8 @@ cdef class PlacementCore:
                         + w[T_LEFTOVER] * (c - ng)
                         + w[T_WEIGHT] * self.row_min_weight[row]
                         + w[T_ENERGY] * ng * self.row_min_dyn[row]
-                        + w[T_LOAD] * (nc * 1000 // self.row_max_cores[row])
+                        + w[T_LOAD] * _max64(nc * 1000 // self.row_max_cores[row],
+                                             self.row_min_load[row])
                     )
                     if ng > 0:
                         # The chosen GPUs span >= ng / mi islands (rounded up) when at most mi

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from hetslurm.cli.options import (
     EMPTY,
     format_option,
+    measured_options,
     site_option,
     site_path,
     slurm_release,
@@ -18,6 +19,10 @@ from hetslurm.cli.options import (
     state_option,
 )
 from hetslurm.cli.output import emit
+
+if TYPE_CHECKING:
+    from hetslurm.placement import ClusterModel, ScoreWeights
+    from hetslurm.placement.state import LiveState
 
 
 def _sbatch_options(f: Callable[..., None]) -> Callable[..., None]:
@@ -41,11 +46,12 @@ def _sbatch_options(f: Callable[..., None]) -> Callable[..., None]:
 @_sbatch_options
 @click.option("--user", default="root", show_default=True, help="Submitting user's name.")
 @state_option(default="empty")
+@measured_options
 @slurm_version_option
 @format_option
 def explain_cmd(script: str | None, site_file: str | None, hook_file: str | None, user: str,
-                state_spec: str, slurm_version: str | None, output_format: str,
-                **sbatch: Any) -> None:
+                state_spec: str, measured: bool | None, measured_energy: bool | None,
+                slurm_version: str | None, output_format: str, **sbatch: Any) -> None:
     """Show what the job_submit hook would do to JOB_SCRIPT, and where it would run now.
 
     Runs the same job_submit.lua slurmctld runs, in-process (Lua 5.1 through lupa, or
@@ -54,8 +60,10 @@ def explain_cmd(script: str | None, site_file: str | None, hook_file: str | None
     place`'s answer for the request. Without
     JOB_SCRIPT it explains an srun/salloc job (give --comment 'het: ...'). #SBATCH lines of
     the script count as the options above, passed to the hook in the fields Slurm 22.05
-    fills from them; options given here win.
+    fills from them; options given here win. The placement scores with the site's
+    [placement.weights] (shown) and, with --measured, the measured load.
     """
+    from hetslurm.cli.place_cmd import apply_measured, weights_line
     from hetslurm.hook.explain import JobOptions, explain
     from hetslurm.site import load_site
     from hetslurm.textfile import read_text_file, read_text_stream
@@ -71,9 +79,14 @@ def explain_cmd(script: str | None, site_file: str | None, hook_file: str | None
     site = load_site(site_path(site_file))
     opts = JobOptions(user=user, **sbatch)
     hook_text = read_text_file(hook_file, what="--hook file") if hook_file else None
+    def measure(model: ClusterModel, live: LiveState | None,
+                weights: ScoreWeights) -> tuple[ClusterModel, dict[str, Any]]:
+        return apply_measured(site, model, weights, state_spec=state_spec, live=live,
+                              measured=measured, measured_energy=measured_energy)
+
     ex = explain(text, site, opts, hook_text=hook_text,
                  state=None if state_spec == EMPTY else state_spec,
-                 slurm=slurm_release(slurm_version, fallback=True))
+                 slurm=slurm_release(slurm_version, fallback=True), measure=measure)
     doc = ex.to_dict()
     if output_format == "json":
         emit([], "json", document=doc)
@@ -86,6 +99,8 @@ def explain_cmd(script: str | None, site_file: str | None, hook_file: str | None
         rows.append({"what": "place: nodelist" if p.get("placeable") else "place: cannot",
                      "value": p.get("nodelist") or p.get("blocking") or ""})
         rows.append({"what": "place: why", "value": p.get("reason", "")})
+        if "weights" in p:
+            rows.append({"what": "place: weights", "value": weights_line(p["weights"])})
     if ex.placement_note:
         rows.append({"what": "placement note", "value": ex.placement_note})
     emit(rows, output_format, title=f"hook {ex.hook.get('build', '?')} on "

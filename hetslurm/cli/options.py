@@ -160,6 +160,24 @@ def state_option(*, default: Literal["live", "empty"]) -> Callable[[F], F]:
                         "nothing runs, else a file written by 'hetslurm state dump'.")
 
 
+# ----------------------------------------------------------- --measured, --measured-energy
+def measured_options(func: F) -> F:
+    """``--measured/--no-measured`` and ``--measured-energy/--no-measured-energy`` (the values
+    arrive as ``measured`` and ``measured_energy``; ``None`` when not given: the default
+    rule in ``hetslurm.cli.place_cmd.apply_measured``)."""
+    func = _shared("--measured-energy/--no-measured-energy", "measured_energy",
+                   shared="--measured-energy", default=None,
+                   help="Energy term from per-model GPU watts measured in the metrics store "
+                        "(busy minus idle samples; models with too few samples keep the "
+                        "site's power_* figures) [default: the site's [placement] "
+                        "measured_energy].")(func)
+    return _shared("--measured/--no-measured", "measured", shared="--measured", default=None,
+                   help="Load term from the measured load (mean GPU utilization over "
+                        "[placement] load_window_s, from the metrics store) [default: on when "
+                        "the load weight is nonzero, the state is not 'empty' and the store "
+                        "exists].")(func)
+
+
 # ------------------------------------------------------------------------------ --backend
 def backend_option(*, default: Literal["auto", "cli"]) -> Callable[[F], F]:
     """``--backend auto|cli|rest|pyslurm`` (the value arrives as ``backend``).

@@ -15,6 +15,7 @@ from hetslurm.cli.options import (
     EMPTY,
     LIVE,
     format_option,
+    measured_options,
     site_option,
     site_path,
     state_option,
@@ -22,9 +23,10 @@ from hetslurm.cli.options import (
 from hetslurm.cli.output import emit
 
 if TYPE_CHECKING:
-    from hetslurm.placement import ClusterModel, Placement
+    from hetslurm.placement import ClusterModel, Placement, ScoreWeights
     from hetslurm.placement.state import LiveState
     from hetslurm.request.language import Request
+    from hetslurm.site.model import Site
 
 def _read_live() -> LiveState:
     from hetslurm.placement.state import LiveState
@@ -51,6 +53,38 @@ def _load_state(spec: str) -> LiveState | None:
         raise PlacementError(f"{spec}: {e}") from e
 
 
+def apply_measured(site: Site, model: ClusterModel, weights: ScoreWeights, *,
+                   state_spec: str, live: LiveState | None, measured: bool | None,
+                   measured_energy: bool | None) -> tuple[ClusterModel, dict[str, Any]]:
+    """``model`` with the measured load and GPU watts the options ask for, and a summary.
+
+    Defaults (``None``): the load is measured when the load weight is nonzero, the state is
+    not ``empty`` and the site's metrics store exists; the watts when the site's
+    ``[placement] measured_energy`` is on and the store exists. Measured at the state's time.
+    """
+    from hetslurm.metrics.measured import read_measured, watts_pairs
+    from hetslurm.site.schema import Collector, PlacementSection
+
+    conf: PlacementSection = site.sections.get("placement") or PlacementSection()
+    collector: Collector = site.sections.get("collector") or Collector()
+    store_exists = Path(collector.store).is_dir()
+    load = (weights.load > 0 and state_spec != EMPTY and store_exists) if measured is None \
+        else measured
+    energy = (conf.measured_energy and store_exists) if measured_energy is None \
+        else measured_energy
+    summary: dict[str, Any] = {"load": load, "energy": energy}
+    if not (load or energy):
+        return model, summary
+    found = read_measured(site, model.names, now=None if live is None else live.time,
+                          load=load, energy=energy)
+    summary.update(found.summary)
+    if load and found.load_milli is not None:
+        model = model.with_measured_load(found.load_milli)
+    if energy and found.watts:
+        model = model.with_gpu_watts(watts_pairs(found.watts))
+    return model, summary
+
+
 def _model_models(model: ClusterModel, name: str) -> tuple[str | None, str | None]:
     i = model.node_index(name)
     g, f = int(model.gpu_model[i]), int(model.fpga_model[i])
@@ -58,7 +92,8 @@ def _model_models(model: ClusterModel, name: str) -> tuple[str | None, str | Non
 
 
 def _document(model: ClusterModel, request: Request, request_text: str, p: Placement,
-              live: LiveState | None) -> dict[str, Any]:
+              live: LiveState | None, weights: ScoreWeights,
+              measured: dict[str, Any]) -> dict[str, Any]:
     from hetslurm.placement.enact import slurm_args
     from hetslurm.request.language import format_request
 
@@ -75,7 +110,14 @@ def _document(model: ClusterModel, request: Request, request_text: str, p: Place
     doc["state"] = {"source": "empty" if live is None else (live.source or "file"),
                     "time": None if live is None else live.time}
     doc["sbatch_args"] = slurm_args(model, request, p) if p.placeable else None
+    doc["weights"] = weights.to_dict()
+    doc["measured"] = measured
     return doc
+
+
+def weights_line(weights: dict[str, int]) -> str:
+    """The weights as one line (``model 1000000, islands 100000, ...``)."""
+    return ", ".join(f"{k} {v}" for k, v in weights.items())
 
 
 def _print_table(doc: dict[str, Any]) -> None:
@@ -106,6 +148,16 @@ def _print_table(doc: dict[str, Any]) -> None:
         if doc["earliest_start_iso"]:
             line("earliest", doc["earliest_start_iso"])
     line("state", f"{doc['state']['source']}")
+    line("weights", weights_line(doc["weights"]))
+    m = doc["measured"]
+    if m.get("load") or m.get("energy"):
+        parts = []
+        if "load" in m and isinstance(m["load"], dict):
+            parts.append(f"load on {m['load']['nodes_measured']} node(s) over "
+                         f"{m['load']['window_s']} s")
+        if "energy" in m and isinstance(m["energy"], dict):
+            parts.append("watts of " + (", ".join(m["energy"]["models"]) or "no model"))
+        line("measured", "; ".join(parts) or "nothing read")
 
 
 @click.command("place")
@@ -114,8 +166,10 @@ def _print_table(doc: dict[str, Any]) -> None:
               help="The request, in the #HET grammar (docs/requests.md), e.g. "
                    "\"gpus=4 gpu-type=h100|a100 locality=nvlink\".")
 @state_option(default="live")
+@measured_options
 @format_option
 def place_cmd(site_file: str | None, request_text: str, state_spec: str,
+              measured: bool | None, measured_energy: bool | None,
               output_format: str) -> None:
     """Say where a request would run now, on which devices and cores, and why.
 
@@ -123,10 +177,11 @@ def place_cmd(site_file: str | None, request_text: str, state_spec: str,
     cores, the score with its terms, why it won and the sbatch options that enact it; or,
     when it cannot run, whether it is impossible on this cluster or only busy now, the
     blocking constraint and the earliest start as running jobs end. GPU indices are a
-    prediction of what Slurm does with the rendered gres.conf (docs/placement.md).
+    prediction of what Slurm does with the rendered gres.conf (docs/placement.md). Scores
+    use the site's [placement.weights] and, with --measured, the measured load.
     Exit status 0 for any answer (read 'placeable'); a malformed request exits 5.
     """
-    from hetslurm.placement import ClusterModel, place
+    from hetslurm.placement import ClusterModel, ScoreWeights, place
     from hetslurm.request.language import parse_request, resolve
     from hetslurm.site import load_site
 
@@ -136,8 +191,11 @@ def place_cmd(site_file: str | None, request_text: str, state_spec: str,
     model = ClusterModel.from_site(site)
     if live is not None:
         model = model.with_state(live)
-    p = place(model, request, live=live)
-    doc = _document(model, request, request_text, p, live)
+    weights = ScoreWeights.from_site(site)
+    model, measured_doc = apply_measured(site, model, weights, state_spec=state_spec, live=live,
+                                         measured=measured, measured_energy=measured_energy)
+    p = place(model, request, weights=weights, live=live)
+    doc = _document(model, request, request_text, p, live, weights, measured_doc)
     if output_format == "table":
         _print_table(doc)
         return

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hetslurm.errors import ConfigError
 from hetslurm.hook import render as render_mod
@@ -24,6 +25,15 @@ from hetslurm.site.model import Site
 from hetslurm.slurm import versions
 from hetslurm.slurm.units import time_seconds
 from hetslurm.textfile import MAX_DATA_BYTES, read_text_file
+
+if TYPE_CHECKING:
+    from hetslurm.placement.model import ClusterModel
+    from hetslurm.placement.place import ScoreWeights
+    from hetslurm.placement.state import LiveState
+
+    #: (model, live state or None, weights) -> (model with measured inputs, summary).
+    Measure = Callable[[ClusterModel, LiveState | None, ScoreWeights],
+                       tuple[ClusterModel, dict[str, Any]]]
 
 _MEM = re.compile(r"^(\d+)([KMGT]?)$", re.I)
 _MEM_FACTOR = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1 << 20}
@@ -282,6 +292,7 @@ def explain(
     hook_text: str | None = None,
     state: str | None = None,
     slurm: str | None = None,
+    measure: Measure | None = None,
 ) -> Explanation:
     """Run the hook on one job in-process and say what it did and where the job would go.
 
@@ -293,6 +304,10 @@ def explain(
         state: ``None`` (an empty cluster), ``"live"`` or a ``hetslurm state dump`` file.
         slurm: The Slurm release to stand in for (``"24.11"``); ``None``: the one the hook
             text was rendered for (22.05 when rendering here).
+        measure: Given the model (with its state), the live state (None when empty) and the
+            site's score weights, returns the model with measured inputs applied and a
+            summary (the CLI passes ``hetslurm.cli.place_cmd.apply_measured``; the hook
+            room does not read the metrics store itself).
 
     Raises:
         ConfigError: The state file cannot be read as text (what it says is judged later,
@@ -335,7 +350,7 @@ def explain(
         log=[f"{lvl}: {msg}" for lvl, msg in res.log] + ([res.error] if res.error else []),
     )
     if outcome == "rewritten":
-        _add_placement(ex, site, state, state_text)
+        _add_placement(ex, site, state, state_text, measure)
     elif outcome == "unchanged":
         ex.placement_note = "no #HET request: the hook leaves the job to Slurm"
     return ex
@@ -347,7 +362,7 @@ def _request_text(record: str | None, key: str) -> str | None:
 
 
 def _add_placement(ex: Explanation, site: Site, state: str | None,
-                   state_text: str | None) -> None:
+                   state_text: str | None, measure: Measure | None = None) -> None:
     """Where ``hetslurm place`` would put the request now (read-only; never fatal)."""
     text = _request_text(ex.record, hook_policy(site).record_key)
     if text is None:
@@ -356,13 +371,15 @@ def _add_placement(ex: Explanation, site: Site, state: str | None,
         return
     try:
         from hetslurm.placement.model import ClusterModel
-        from hetslurm.placement.place import place
+        from hetslurm.placement.place import ScoreWeights, place
         from hetslurm.request.language import parse_request, resolve
 
         own = ex.job_before.get("partition")
         request = resolve(parse_request(text), site,
                           job_partition=own if isinstance(own, str) else None)
         model = ClusterModel.from_site(site)
+        weights = ScoreWeights.from_site(site)
+        live = None
         if state is not None:
             from hetslurm.placement.state import LiveState
 
@@ -373,7 +390,12 @@ def _add_placement(ex: Explanation, site: Site, state: str | None,
             else:
                 live = LiveState.from_json(state_text)
             model = model.with_state(live)
-        ex.placement = place(model, request).to_dict()
+        measured: dict[str, Any] = {}
+        if measure is not None:
+            model, measured = measure(model, live, weights)
+        ex.placement = place(model, request, weights=weights).to_dict()
+        ex.placement["weights"] = weights.to_dict()
+        ex.placement["measured"] = measured
         ex.placement_note = f"placed the request '{text}' on " + (
             "the empty cluster" if state is None else f"state {state}")
     except Exception as e:

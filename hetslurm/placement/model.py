@@ -147,6 +147,9 @@ class StateArrays:
         free_at: shape (N,), float64 epoch seconds; earliest end of a running job on the node,
             ``inf`` when none is known.
         time: epoch seconds the state describes (0 for an empty cluster).
+        load_milli: shape (N,), int32 in 0..1000; the measured load per mille (mean GPU
+            utilization over a recent window, :mod:`hetslurm.metrics.measured`); 0 = idle or
+            unknown. ``None`` (the default) is 0 everywhere: nothing measured.
     """
 
     available: npt.NDArray[np.uint8]
@@ -156,6 +159,7 @@ class StateArrays:
     mem_free_mib: npt.NDArray[np.int64]
     free_at: npt.NDArray[np.float64]
     time: float = 0.0
+    load_milli: npt.NDArray[np.int32] | None = None
 
 
 @dataclass(frozen=True)
@@ -532,7 +536,57 @@ class ClusterModel:
                 fixed[name] = _ro(raw.astype(np.uint8))
         if self.scope is not None:
             fixed["available"] = _ro(fixed["available"] & self.scope)
+        fixed["load_milli"] = self._load_array(state.load_milli)
         return replace(self, state=StateArrays(time=float(state.time), **fixed), _cache={})
+
+    def _load_array(self, load: Any) -> npt.NDArray[np.int32] | None:
+        if load is None:
+            return None
+        raw = np.asarray(load)
+        if raw.shape != (self.n_nodes,):
+            raise PlacementError(
+                f"state load_milli has shape {raw.shape}, expected ({self.n_nodes},)")
+        if raw.size and raw.dtype.kind not in "iu":
+            raise PlacementError(f"state load_milli must hold integers, got {raw.dtype}")
+        if raw.size and (raw.min() < 0 or raw.max() > 1000):
+            raise PlacementError("state load_milli must be within 0..1000 (per mille)")
+        out: npt.NDArray[np.int32] = _ro(raw.astype(np.int32))
+        return out
+
+    def with_measured_load(self, load_milli: npt.NDArray[Any] | Sequence[int]) -> ClusterModel:
+        """The same cluster and state with a measured load per node (per mille, 0..1000,
+        aligned with :attr:`names`; 0 = idle or unknown), for the score's load term.
+
+        Raises:
+            PlacementError: Wrong length, not integers, or outside 0..1000.
+        """
+        out = replace(self, state=replace(self.state, load_milli=self._load_array(load_milli)),
+                      _cache={})
+        if "live" in self._cache:
+            out._cache["live"] = self._cache["live"]
+        return out
+
+    def with_gpu_watts(self, watts: Mapping[str, tuple[int, int]]) -> ClusterModel:
+        """The same cluster with the (idle, busy) watts of one GPU replaced for the models
+        in ``watts`` (e.g. measured ones, :func:`hetslurm.metrics.measured.gpu_watts`); the
+        energy term reads busy minus idle. Models the cluster lacks are ignored.
+
+        Raises:
+            PlacementError: A figure outside 0..MAX_WATTS.
+        """
+        idle, busy = self.gpu_idle_w.copy(), self.gpu_busy_w.copy()
+        for name, (w_idle, w_busy) in watts.items():
+            if name not in self.gpu_models:
+                continue
+            if not (0 <= w_idle <= MAX_WATTS and 0 <= w_busy <= MAX_WATTS):
+                raise PlacementError(f"GPU {name}: watts must be within 0..{MAX_WATTS}")
+            on = self.gpu_model == self.gpu_models.index(name)
+            idle[on] = int(w_idle)
+            busy[on] = int(w_busy)
+        out = replace(self, gpu_idle_w=_ro(idle), gpu_busy_w=_ro(busy), _cache={})
+        if "live" in self._cache:
+            out._cache["live"] = self._cache["live"]
+        return out
 
     def with_state(self, live: LiveState) -> ClusterModel:
         """The same cluster with live usage applied.
@@ -661,6 +715,7 @@ class ClusterModel:
             "fpga_free": s.fpga_free,
             "core_free": s.core_free,
             "mem_free": s.mem_free_mib,
+            "load_milli": s.load_milli,
         }
 
     def _dyn(self, kind: str) -> npt.NDArray[np.int32]:

@@ -6,8 +6,8 @@ whether it ever could); :func:`place_batch` places a queue in priority order, ea
 consuming what it gets. Requests are checked here once; the kernels trust them.
 
 The score (docs/placement.md, "The score") is a weighted sum of named integer terms; the
-weights are a :class:`ScoreWeights`. They are constants of this module for now; a later step
-moves them into a ``[placement]`` section of the site file.
+weights are a :class:`ScoreWeights`: its defaults here, a site's ``[placement.weights]``
+through :meth:`ScoreWeights.from_site`.
 """
 
 from __future__ import annotations
@@ -53,11 +53,14 @@ from hetslurm.request.language import Request
 if TYPE_CHECKING:
     from hetslurm._core import PlacementCore
     from hetslurm.placement.state import LiveState
+    from hetslurm.site.model import Site
 
 #: Largest weight accepted. Terms are bounded (model rank < 2**16, islands/numa/leftover
 #: < 2**8, load <= 1000, energy < 2**24 W, node weight < 2**32), so with every weight
 #: <= 2**24 the total over 7 terms and the switch term stays below 2**63 per node and the sum
-#: over nodes is checked in Python before the kernel runs (see _check_overflow).
+#: over nodes is checked in Python before the kernel runs (see _check_overflow). The site
+#: schema bounds ``[placement.weights]`` by the same value (a test holds the two equal; the
+#: schema is not imported here, so placement loads without pydantic).
 MAX_SCORE_WEIGHT = 1 << 24
 #: Counts at or above this are refused as malformed rather than "cannot place": they are
 #: Slurm's NO_VAL/INFINITE sentinels (2**32 - 2, 2**64 - 1) leaking through, not requests.
@@ -95,6 +98,19 @@ class ScoreWeights:
                 raise PlacementError(
                     f"score weight {f.name} must be in 0..{MAX_SCORE_WEIGHT}, got {value}"
                 )
+
+    @classmethod
+    def from_site(cls, site: Site) -> ScoreWeights:
+        """The site's ``[placement.weights]``; keys it leaves unset keep the defaults."""
+        section = site.sections.get("placement")
+        if section is None:
+            return _DEFAULT_WEIGHTS
+        given = {k: v for k, v in section.weights.model_dump().items() if v is not None}
+        return replace(_DEFAULT_WEIGHTS, **given) if given else _DEFAULT_WEIGHTS
+
+    def to_dict(self) -> dict[str, int]:
+        """Every weight by name (the ``weights`` object of ``place``/``explain`` JSON)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     def vector(self, *, energy_low: bool = False) -> tuple[int, ...]:
         """The kernel's weight vector: the seven term weights in TERMS order, then switch."""

@@ -272,6 +272,8 @@ class PlainCluster:
     weight: list[int]
     gpu_dyn: list[int]
     fpga_dyn: list[int]
+    #: Measured load per node, per mille (0 = idle or unknown).
+    load: list[int]
 
     @classmethod
     def from_model(cls, model: ClusterModel) -> PlainCluster:
@@ -302,6 +304,7 @@ class PlainCluster:
                                                    model.gpu_idle_w.tolist(), strict=True)],
             fpga_dyn=[max(b - i, 0) for b, i in zip(model.fpga_busy_w.tolist(),
                                                     model.fpga_idle_w.tolist(), strict=True)],
+            load=([0] * model.n_nodes if s.load_milli is None else s.load_milli.tolist()),
         )
 
 
@@ -415,7 +418,7 @@ def evaluate_node_reference(
         islands - 1 if islands > 0 else 0,
         span - 1 if span > 0 else 0,
         gpu_free_count - ng + len(fpga_free) - nf,
-        (pc.cores_total[i] - free_cores + nc) * 1000 // pc.cores_total[i],
+        max((pc.cores_total[i] - free_cores + nc) * 1000 // pc.cores_total[i], pc.load[i]),
         ng * pc.gpu_dyn[i] + nf * pc.fpga_dyn[i],
         pc.weight[i],
     )

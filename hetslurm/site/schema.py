@@ -524,3 +524,49 @@ class Classify(_Strict):
 
 
 register_section("classify", Classify, Classify())
+
+
+#: Largest score weight (docs/placement.md, "The score"): with every weight at most this, a
+#: node's weighted terms cannot overflow int64. ``hetslurm.placement.place.MAX_SCORE_WEIGHT``
+#: is the same bound (placement must not import pydantic; a unit test holds them equal).
+MAX_SCORE_WEIGHT = 1 << 24
+_ScoreWeight = Annotated[StrictInt, Field(ge=0, le=MAX_SCORE_WEIGHT)]
+
+
+class PlacementWeights(_Strict):
+    """``[placement.weights]``: the score's term weights (docs/placement.md, "The score").
+
+    Every key is optional; an unset key keeps ``ScoreWeights``'s default, which
+    ``hetslurm.placement.place.ScoreWeights.from_site`` applies (the defaults live there).
+    """
+
+    model: _ScoreWeight | None = None
+    islands: _ScoreWeight | None = None
+    numa: _ScoreWeight | None = None
+    leftover: _ScoreWeight | None = None
+    load: _ScoreWeight | None = None
+    energy: _ScoreWeight | None = None
+    weight: _ScoreWeight | None = None
+    energy_low: _ScoreWeight | None = None
+    switch: _ScoreWeight | None = None
+
+
+class PlacementSection(_Strict):
+    """``[placement]``: how ``hetslurm place`` and ``explain`` score nodes, and which measured
+    values they may read from the metrics store (docs/placement.md, docs/site-config.md)."""
+
+    weights: PlacementWeights = PlacementWeights()
+    #: The measured load of a node is the mean GPU utilization of its GPUs over this many
+    #: seconds before the state's time; a node with no usable sample in it counts as 0.
+    load_window_s: Annotated[StrictInt, Field(ge=1, le=86400)] = 600
+    #: Read per-model GPU watts from the store for the energy term (``--measured-energy``
+    #: overrides); off: the site's ``power_*_watts``.
+    measured_energy: StrictBool = False
+    #: Window of samples for the measured watts.
+    energy_window_s: Annotated[StrictInt, Field(ge=60, le=90 * 86400)] = 7 * 86400
+    #: A model's measured watts are used only with at least this many busy and this many idle
+    #: samples; else the site's figures stay.
+    energy_min_samples: Annotated[StrictInt, Field(ge=1, le=10_000_000)] = 100
+
+
+register_section("placement", PlacementSection, PlacementSection())

@@ -269,7 +269,8 @@ def test_simulate_validate_still_refuses_a_given_site(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------- the shared decorators
-SHARED = ("--site", "--format", "--state", "--backend", "--conf-dir", "--testbed")
+SHARED = ("--site", "--format", "--state", "--backend", "--conf-dir", "--testbed", "--measured",
+          "--measured-energy")
 
 
 def _all_options() -> Iterator[tuple[str, click.Option]]:
