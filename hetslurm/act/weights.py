@@ -83,7 +83,7 @@ def plan_weights(nodes: Sequence[NodeInfo], site: Site, samples: Any, rules: Wei
                  last: Mapping[str, tuple[int, float | None]], *, now: float) -> WeightPlan:
     """A decision per GPU node of the site that Slurm lists."""
     gpu_nodes = {n.name: n.gpus[0].model for n in site.nodes if n.gpus}
-    loads = node_loads(samples, gpu_nodes, since=now - rules.window_s)
+    loads = node_loads(samples, gpu_nodes, since=now - rules.window_s, now=now)
     live = {n.name: n for n in nodes}
     plan = WeightPlan()
     for spec in site.nodes:

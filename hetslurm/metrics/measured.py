@@ -67,22 +67,45 @@ def node_load_milli(frame: Any, names: Sequence[str], *, now: float,
         samples are all unknown (status other than ``ok``, no utilization).
     """
     out = np.zeros(len(names), dtype=np.int32)
-    if len(frame) == 0 or not names:
+    if not names:
         return out
+    where = {n: i for i, n in enumerate(names)}
+    for node, u in node_usage(frame, now=now, window_s=window_s).items():
+        i = where.get(node)
+        if i is not None:
+            out[i] = int(min(1000, max(0, round(u.mean_pct * 10))))
+    return out
+
+
+@dataclass(frozen=True)
+class NodeUsage:
+    """One node's usable GPU samples in a window: the mean over its GPUs of each GPU's
+    mean utilization, how many samples, and the newest one's time."""
+
+    mean_pct: float
+    samples: int
+    newest: float
+
+
+def node_usage(frame: Any, *, now: float, window_s: float) -> dict[str, NodeUsage]:
+    """Per node with at least one usable sample (status ok, a utilization, a Slurm index)
+    in ``[now - window_s, now]``: :class:`NodeUsage`. The one reading of "how busy is a
+    node" that the placement score (:func:`node_load_milli`) and the rebalance weights
+    (:mod:`hetslurm.policy.weights`) share."""
+    if len(frame) == 0:
+        return {}
     use = _usable(frame, "utilization_pct", now, window_s)
     use = use.loc[use["slurm_index"].notna()]
     if use.empty:
-        return out
-    per_gpu = (use.assign(node=use["node"].astype(str))
-               .groupby(["node", "slurm_index"], observed=True, sort=False)
-               ["utilization_pct"].mean())
+        return {}
+    use = use.assign(node=use["node"].astype(str))
+    per_gpu = use.groupby(["node", "slurm_index"], observed=True, sort=False)[
+        "utilization_pct"].mean()
     per_node = per_gpu.groupby(level=0, sort=False).mean()
-    where = {n: i for i, n in enumerate(names)}
-    for node, pct in per_node.items():
-        i = where.get(str(node))
-        if i is not None:
-            out[i] = int(min(1000, max(0, round(float(pct) * 10))))
-    return out
+    g = use.groupby("node", observed=True, sort=False)
+    counts, newest = g.size(), g["time"].max()
+    return {str(n): NodeUsage(float(per_node[n]), int(counts[n]), float(newest[n]))
+            for n in per_node.index}
 
 
 def gpu_watts(frame: Any, *, now: float, window_s: float, busy_pct: float, idle_pct: float,

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hetslurm.metrics.measured import node_usage
+
 #: The widest band a model may get: the site's model weights are 10 apart.
 MAX_BAND = 9
 
@@ -87,23 +89,16 @@ class WeightDecision:
                 "action": self.action, "why": self.why}
 
 
-def node_loads(samples: Any, nodes: Mapping[str, str], *, since: float) -> dict[str, NodeLoad]:
-    """Per GPU node (``nodes``: name -> model), the known samples since ``since`` from a
-    store frame (columns time, node, status, utilization_pct)."""
+def node_loads(samples: Any, nodes: Mapping[str, str], *, since: float,
+               now: float) -> dict[str, NodeLoad]:
+    """Per GPU node (``nodes``: name -> model), its usable samples in ``[since, now]``
+    (:func:`hetslurm.metrics.measured.node_usage`, the placement score's reading too)."""
     out = {n: NodeLoad(n, 0, None, None) for n in nodes}
     if samples is None or not len(samples):
         return out
-    s = samples[(samples["time"] >= since)]
-    known = s[(s["status"].astype(str) == "ok") & s["utilization_pct"].notna()]
-    if not len(known):
-        return out
-    g = known.groupby(known["node"].astype(str), observed=True)
-    agg = g.agg(samples=("utilization_pct", "size"), newest=("time", "max"),
-                mean=("utilization_pct", "mean"))
-    for node, row in agg.iterrows():
+    for node, u in node_usage(samples, now=now, window_s=now - since).items():
         if node in out:
-            out[str(node)] = NodeLoad(str(node), int(row["samples"]), float(row["newest"]),
-                                      float(row["mean"]))
+            out[node] = NodeLoad(node, u.samples, u.newest, u.mean_pct)
     return out
 
 

@@ -84,10 +84,12 @@ def test_node_loads_from_store_samples() -> None:
     s = pd.DataFrame({
         "time": [9000.0, 9500.0, 9600.0, 9700.0, 9800.0, 9900.0],
         "node": pd.Categorical(["gpu1", "gpu1", "gpu1", "gpu2", "gpu2", "cpu1"]),
+        "slurm_index": [0, 0, 1, 0, 1, None],
         "status": pd.Categorical(["ok", "ok", "lost", "ok", "ok", "ok"]),
         "utilization_pct": [10.0, 90.0, None, 50.0, None, 5.0],
     })
-    loads = node_loads(s, {"gpu1": "h100", "gpu2": "h100", "gpu3": "a100"}, since=9400.0)
+    loads = node_loads(s, {"gpu1": "h100", "gpu2": "h100", "gpu3": "a100"}, since=9400.0,
+                       now=10_000.0)
     assert loads["gpu1"].samples == 1 and loads["gpu1"].mean_util_pct == 90.0
     assert loads["gpu2"].samples == 1 and loads["gpu2"].newest == 9700.0
     assert loads["gpu3"].samples == 0 and loads["gpu3"].mean_util_pct is None
