@@ -82,8 +82,7 @@ def collect(site_file: str | None, nodes: tuple[str, ...], all_nodes: bool,
                    "their GPUs are recorded as unmatched", err=True)
     source = build_source(nvml or conf.nvml, fake_scenario or conf.fake_scenario)
     coll = Collector(wanted, source, get_backend(backend, env=dict(os.environ)), gres, st,
-                     interval_s=interval or conf.interval_s, flush_s=flush or conf.flush_s,
-                     drain_lost=conf.drain_lost_gpu, drain_reason=conf.drain_reason)
+                     interval_s=interval or conf.interval_s, flush_s=flush or conf.flush_s)
     done = coll.run(ticks=ticks, duration_s=duration, handle_signals=True)
     click.echo(f"hetslurm collect: {done} ticks, {len(coll.written)} segments written to "
                f"{st.root}", err=True)
