@@ -382,3 +382,40 @@ def test_drain_lost_gpu_site_drains_only_lost(tmp_path: Path) -> None:
     res = run(backend, samples, log_at(tmp_path), pol=pol)
     assert [d.node for d in res.plan.decisions] == ["gpu1"]
     assert backend.node("gpu1").drained and not backend.node("gpu2").drained
+
+
+# ------------------------------------------------------------------ rebalance and the CLI
+def test_rebalance_runs_the_health_phase_and_can_skip_it(tmp_path: Path) -> None:
+    from hetslurm.act.rebalance import RebalanceRequest, rebalance
+
+    site = _site(tmp_path, '[health]\nmode = "drain"\nmax_drain_share = 1.0\n'
+                           'verify_timeout_s = 0.01\n')
+    names = [n.name for n in site.nodes if n.gpus]
+    backend = cluster(*(node(n, n=len(site.node(n).gpus)) for n in names))
+    victim = names[0]
+    samples = [r for n in names for r in healthy(n, n=len(site.node(n).gpus))]
+    for r in samples:
+        if r["node"] == victim and r["slurm_index"] == 0:
+            r["xid"] = 79
+    logf = str(tmp_path / "a.jsonl")
+    req = RebalanceRequest(apply=True, action_log=logf, lock_file=str(tmp_path / "l"),
+                           phases=("health",))
+    res = rebalance(backend, req, site, samples=samples, now=NOW)
+    assert res.health is not None and [d.node for d in res.health.plan.decisions] == [victim]
+    assert backend.node(victim).reason == f"hetslurm: {victim} GPU 0 (minor 128) xid=79"
+    assert res.rows()[0]["phase"] == "health" and res.to_dict()["health"]["mode"] == "drain"
+    skip = RebalanceRequest(apply=False, action_log=logf, phases=("relax",))
+    assert rebalance(backend, skip, site, samples=samples, now=NOW).health is None
+
+
+def test_help_teaches_with_examples() -> None:
+    from click.testing import CliRunner
+
+    from hetslurm.cli import cli
+
+    for argv in (["rebalance", "--help"], ["rebalance", "rollback", "--help"]):
+        res = CliRunner().invoke(cli, argv)
+        assert res.exit_code == 0 and "Examples:" in res.output
+        assert "hetslurm rebalance rollback --to" in res.output
+    res = CliRunner().invoke(cli, ["rebalance", "--apply", "rollback"])
+    assert res.exit_code == 2 and "--apply belong after 'rollback'" in res.output
