@@ -1,7 +1,10 @@
 """``hetslurm rebalance``: one cron tick of everything hetslurm does to a live cluster.
 
-Three phases, in this order, under one lock and one time budget (``[rebalance]``):
+Five phases, in this order, under one lock and one time budget (``[rebalance]``):
 
+0. **health** (:mod:`hetslurm.act.health`, ``[health]``): a node with an unhealthy GPU is
+   drained (running jobs finish), a node hetslurm drained whose GPUs are healthy again is
+   undrained; first, so the phases after it see drained nodes as unavailable;
 1. **requeue-stalled** (:func:`hetslurm.act.run.requeue_stalled`, its own policy, lock and
    warnings): idle GPU jobs give their GPUs back first, so the next phase sees them free;
 2. **weights** (:mod:`hetslurm.act.weights`, ``[weights]``): measured GPU load moves node
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from hetslurm.act import ActError, LockBusy
 from hetslurm.act.drift import DriftReport, drift
+from hetslurm.act.health import HealthRun, health_pass
 from hetslurm.act.lock import RunLock
 from hetslurm.act.log import ActionLog
 from hetslurm.act.relax import RelaxOutcome, RelaxPlan, apply_relax, plan_relax
@@ -44,7 +48,7 @@ if TYPE_CHECKING:
     from hetslurm.levers.live import Target
     from hetslurm.site.model import Site
 
-PHASES = ("requeue-stalled", "weights", "relax", "drift")
+PHASES = ("health", "requeue-stalled", "weights", "relax", "drift")
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,7 @@ class RebalanceResult:
     applied: bool
     budget_s: float
     seconds: float = 0.0
+    health: HealthRun | None = None
     stall: RunResult | None = None
     relax: RelaxPlan | None = None
     relax_outcomes: list[RelaxOutcome] = field(default_factory=list)
@@ -80,6 +85,14 @@ class RebalanceResult:
     def rows(self) -> list[dict[str, Any]]:
         """One flat row per stall decision, relax decision, drift change and skipped item."""
         out: list[dict[str, Any]] = []
+        if self.health is not None:
+            by_node = {(o.node, o.action): o.result for o in self.health.outcomes}
+            for h in self.health.plan.decisions:
+                out.append({"phase": "health", "job": ",".join(h.running_jobs),
+                            "rule": h.rule, "action": h.action,
+                            "result": by_node.get((h.node, h.action), ""),
+                            "detail": f"{h.node}: {h.detail}"
+                            + (f" [{h.reason}]" if h.action == "drain" else "")})
         if self.stall is not None:
             results = {o.job: o.result for o in self.stall.outcomes}
             for d in self.stall.decisions:
@@ -131,6 +144,7 @@ class RebalanceResult:
                        "outcomes": [o.__dict__ for o in self.weight_outcomes]}
         return {"applied": self.applied, "seconds": round(self.seconds, 3),
                 "budget_s": self.budget_s, "over_budget": self.over_budget,
+                "health": None if self.health is None else self.health.to_dict(),
                 "requeue_stalled": stall, "weights": weights, "relax": relax,
                 "drift": None if self.drift is None else self.drift.to_dict(),
                 "skipped": self.skipped, "problems": self.problems}
@@ -197,8 +211,8 @@ def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalanc
     from hetslurm.placement.state import LiveState
 
     now = time.time() if now is None else now
-    wanted = {"requeue-stalled": pol.requeue_stalled, "weights": pol.weights,
-              "relax": pol.relax, "drift": pol.drift}
+    wanted = {"health": pol.health, "requeue-stalled": pol.requeue_stalled,
+              "weights": pol.weights, "relax": pol.relax, "drift": pol.drift}
     if req.phases is not None:
         wanted = {p: p in req.phases for p in PHASES}
     if target is None:
@@ -214,6 +228,8 @@ def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalanc
             return True
         return False
 
+    if wanted["health"] and not out_of_time("health"):
+        _health(backend, req, site, res, log, samples=samples, now=now, clock=clock)
     if samples is None and wanted["requeue-stalled"] and wanted["weights"]:
         # One read of the store serves both phases (each keeps to its own window).
         from hetslurm.act.run import read_samples
@@ -283,6 +299,9 @@ def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalanc
 
     if req.apply:
         log.append("run", {"t": now, "source": "rebalance",
+                           "health_results": (dict(Counter(o.result
+                                                           for o in res.health.outcomes))
+                                              if res.health else None),
                            "seconds": round(clock() - (deadline - budget), 3),
                            "stall_decisions": len(res.stall.decisions) if res.stall else None,
                            "relax_decisions": len(res.relax.decisions) if res.relax else None,
@@ -292,3 +311,25 @@ def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalanc
                            "drift_changes": (len(res.drift.changes) if res.drift else None),
                            "skipped": res.skipped})
     return res
+
+
+def _health(backend: SlurmBackend, req: RebalanceRequest, site: Site, res: RebalanceResult,
+            log: ActionLog, *, samples: Any, now: float, clock: Callable[[], float]) -> None:
+    """The health phase; ``[health] mode = "off"`` skips it, listed."""
+    from hetslurm.act.health import policy_for
+
+    try:
+        hpol = policy_for(site)
+    except ConfigError as exc:
+        res.problems.append(f"health: {exc}")
+        return
+    if hpol.mode == "off":
+        res.skipped.append({"phase": "health", "why": "[health] mode = off"})
+        return
+    try:
+        res.health = health_pass(backend, site, log, apply=req.apply, now=now,
+                                 store=req.store, samples=samples, policy=hpol, clock=clock)
+    except HetslurmError as exc:
+        res.problems.append(f"health: {exc}")
+        return
+    res.problems.extend(f"health: {p}" for p in res.health.problems)

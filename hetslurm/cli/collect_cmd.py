@@ -83,7 +83,6 @@ def collect(site_file: str | None, nodes: tuple[str, ...], all_nodes: bool,
     source = build_source(nvml or conf.nvml, fake_scenario or conf.fake_scenario)
     coll = Collector(wanted, source, get_backend(backend, env=dict(os.environ)), gres, st,
                      interval_s=interval or conf.interval_s, flush_s=flush or conf.flush_s,
-                     drain_lost=conf.drain_lost_gpu, drain_reason=conf.drain_reason,
                      source_timeout_s=conf.source_timeout_s)
     done = coll.run(ticks=ticks, duration_s=duration, handle_signals=True)
     click.echo(f"hetslurm collect: {done} ticks, {len(coll.written)} segments written to "

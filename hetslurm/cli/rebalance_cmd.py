@@ -1,4 +1,5 @@
-"""``hetslurm rebalance``: the cron entry point (requeue-stalled, weights, relax, drift);
+"""``hetslurm rebalance``: the cron entry point (health, requeue-stalled, weights, relax,
+drift), and ``hetslurm rebalance rollback`` (undo drains and weights by action id);
 docs/act.md."""
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ if TYPE_CHECKING:
     from hetslurm.act.lock import RunLock
 
 
-@click.command("rebalance")
+@click.group("rebalance", invoke_without_command=True)
 @site_option()
 @click.option("--apply", "apply_", is_flag=True,
-              help="Act (requeue, weights, relax, notify); without it nothing changes anywhere.")
+              help="Act (drain, undrain, requeue, weights, relax, notify); without it nothing "
+                   "changes anywhere.")
 @click.option("--store", type=click.Path(file_okay=False), default=None,
               help="Metrics store folder [default: [collector] store of the site].")
 @click.option("--log", "action_log", type=click.Path(dir_okay=False), default=None,
@@ -37,20 +39,31 @@ if TYPE_CHECKING:
 @click.option("--budget", "budget_s", type=click.FloatRange(min=0.0), default=None,
               help="Seconds after which no new work starts [default: [rebalance] "
                    "time_budget_s].")
-@click.option("--only", "only", type=click.Choice(["requeue-stalled", "weights", "relax", "drift"]),
+@click.option("--only", "only", type=click.Choice(["health", "requeue-stalled", "weights",
+                                                  "relax", "drift"]),
               multiple=True, help="Run only these phases (repeatable) [default: the site's].")
+@click.option("--skip-health", is_flag=True,
+              help="Do not run the device-health phase (no drain, no undrain) this time.")
 @testbed_target_option
 @conf_dir_option(site_key="[rebalance] conf_dir")
 @backend_option(default="cli")
 @format_option
-def rebalance(site_file: str | None, apply_: bool, store: str | None, action_log: str | None,
-              lock_file: str | None, budget_s: float | None, only: tuple[str, ...],
-              testbed_dir: str | None, conf_dir: str | None, backend: str,
-              output_format: str) -> None:
-    """One cron tick: requeue stalled GPU jobs, move node weights by measured load, relax
-    long-pending jobs, report drift.
+@click.pass_context
+def rebalance(ctx: click.Context, site_file: str | None, apply_: bool, store: str | None,
+              action_log: str | None, lock_file: str | None, budget_s: float | None,
+              only: tuple[str, ...], skip_health: bool, testbed_dir: str | None,
+              conf_dir: str | None, backend: str, output_format: str) -> None:
+    """One cron tick: drain sick GPU nodes, requeue stalled GPU jobs, move node weights by
+    measured load, relax long-pending jobs, report drift.
 
     \b
+    0. health ([health]): a node with an unhealthy GPU (lost, uncorrected ECC, an XID of
+       the attention list, persistent hardware or thermal throttling) is drained as a whole
+       (Slurm cannot drain one GPU; running jobs finish) with Reason="hetslurm: <node> GPU
+       <i> (minor <m>) <evidence>"; a node hetslurm drained is undrained when all its GPUs
+       are healthy again. DOWN nodes and nodes drained for another reason are left alone;
+       stale or unknown samples never act; at most [health] max_drain_share of a model's
+       GPUs per pass. [health] mode = "report" lists without acting.
     1. requeue-stalled: exactly `hetslurm act requeue-stalled` ([stall]).
     2. weights: the mean GPU utilization of each GPU node over [weights] window_s moves
        its Weight= within its model's band (site weight .. + band, never past the next
@@ -65,7 +78,22 @@ def rebalance(site_file: str | None, apply_: bool, store: str | None, action_log
     A dry run unless --apply. With --apply a second concurrent run exits 0 at once,
     saying so on stderr, without acting. After [rebalance] time_budget_s no new phase or
     job starts; what was skipped is listed.
+
+    \b
+    Examples:
+      hetslurm rebalance                           dry run: what each phase would do
+      hetslurm rebalance --only health --format json
+      hetslurm rebalance --apply --skip-health     act, but leave node drains alone
+      hetslurm rebalance rollback --to drain-1800000000-gpu1 --apply
     """
+    if ctx.invoked_subcommand is not None:
+        given = [p.opts[0] for p in ctx.command.params
+                 if ctx.get_parameter_source(p.name or "") is not
+                 click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"{', '.join(given)} belong after "
+                                   f"'{ctx.invoked_subcommand}'")
+        return
     from hetslurm.act import LockBusy
     from hetslurm.act.lock import RunLock
     from hetslurm.site.load import read_site_as_root
@@ -84,8 +112,13 @@ def rebalance(site_file: str | None, apply_: bool, store: str | None, action_log
             click.echo(f"hetslurm rebalance: {exc}", err=True)
             return
     try:
-        _run(path, text, lock, apply_, store, action_log, budget_s, only, testbed_dir, conf_dir,
-             backend, output_format)
+        phases = only or None
+        if skip_health:
+            from hetslurm.act.rebalance import PHASES
+
+            phases = tuple(p for p in (only or PHASES) if p != "health")
+        _run(path, text, lock, apply_, store, action_log, budget_s, phases, testbed_dir,
+             conf_dir, backend, output_format)
     finally:
         if lock is not None:
             lock.release()
@@ -107,7 +140,7 @@ def _lock_file(site_text: str) -> str:
 
 
 def _run(path: str, text: str, lock: RunLock | None, apply_: bool, store: str | None,
-         action_log: str | None, budget_s: float | None, only: tuple[str, ...],
+         action_log: str | None, budget_s: float | None, only: tuple[str, ...] | None,
          testbed_dir: str | None, conf_dir: str | None, backend: str, output_format: str) -> None:
     from hetslurm.act.drift import live_target
     from hetslurm.act.output_mode import SlurmOutputProbe
@@ -125,7 +158,7 @@ def _run(path: str, text: str, lock: RunLock | None, apply_: bool, store: str | 
                               live=lambda: live_target(conf_dir or pol.conf_dir,
                                                        pol.whole_conf, env))
     req = RebalanceRequest(apply=apply_, store=store, action_log=action_log,
-                           budget_s=budget_s, phases=only or None)
+                           budget_s=budget_s, phases=only)
     result = run(get_backend(backend, env=env), req, site, target=target,
                  output_probe=SlurmOutputProbe(env), env=env,
                  lock=lock)
@@ -140,3 +173,89 @@ def _run(path: str, text: str, lock: RunLock | None, apply_: bool, store: str | 
         # Some phase could not run (accounting down, no store, a refused file): what did run
         # is in the report; cron sees a status of its own (docs/cli.md).
         sys.exit(PARTIAL_EXIT)
+
+
+@rebalance.command("rollback")
+@site_option()
+@click.option("--to", "to", default=None, metavar="ACTION_ID",
+              help="Undo this health action and every later one, newest first [default: "
+                   "the actions of the latest run that acted].")
+@click.option("--apply", "apply_", is_flag=True,
+              help="Undo; without it nothing changes (the steps are listed).")
+@click.option("--log", "action_log", type=click.Path(dir_okay=False), default=None,
+              help="Action log (JSON lines) [default: [rebalance] or [stall] action_log].")
+@click.option("--lock", "lock_file", type=click.Path(dir_okay=False), default=None,
+              help="Run lock [default: [rebalance] lock_file].")
+@backend_option(default="cli")
+@format_option
+def rollback(site_file: str | None, to: str | None, apply_: bool, action_log: str | None,
+             lock_file: str | None, backend: str, output_format: str) -> None:
+    """Undo hetslurm's node drains and undrains, by action id from the action log.
+
+    Each drain or undrain the health phase made has an action id in the action log
+    (`"action_id": "drain-1800000000-gpu1"`, also in `rebalance --format json`). Undoing a
+    drain undrains the node (State=UNDRAIN), only while its reason is still the one that
+    drain set; undoing an undrain drains it again with the reason it had. A node that is
+    DOWN, or drained by anyone else since, is left alone. Every step is re-checked right
+    before it acts and logged with "rollback_of".
+
+    The health phase judges the node again at the next rebalance: a node whose GPU is still
+    unhealthy is drained again (set [health] mode = "report", or run rebalance with
+    --skip-health, to keep it in service).
+
+    \b
+    Examples:
+      hetslurm rebalance rollback                  dry run: undo the latest run's actions
+      hetslurm rebalance rollback --to drain-1800000000-gpu1 --apply
+      hetslurm rebalance rollback --format json
+    """
+    from hetslurm.act import LockBusy
+    from hetslurm.act.lock import RunLock
+    from hetslurm.site.load import read_site_as_root
+
+    path = str(site_path(site_file))
+    text = read_site_as_root(path)
+    lock = RunLock(lock_file or _lock_file(text)) if apply_ else None
+    if lock is not None:
+        try:
+            lock.acquire()
+        except LockBusy as exc:
+            click.echo(f"hetslurm rebalance rollback: {exc}", err=True)
+            return
+    try:
+        _rollback(path, text, to, apply_, action_log, backend, output_format)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _rollback(path: str, text: str, to: str | None, apply_: bool, action_log: str | None,
+              backend: str, output_format: str) -> None:
+    import time
+
+    from hetslurm.act.health import apply_rollback, plan_rollback, policy_for
+    from hetslurm.act.log import ActionLog
+    from hetslurm.act.rebalance import policy_of
+    from hetslurm.act.run import context_for
+    from hetslurm.site import parse_site
+    from hetslurm.slurm import get_backend
+
+    site = parse_site(text, path)
+    log = ActionLog(action_log or policy_of(site).action_log
+                    or context_for(site).stall.action_log)
+    log.check()
+    slurm = get_backend(backend, env=dict(os.environ))
+    steps = plan_rollback(slurm, log, to)
+    outcomes = []
+    if apply_:
+        outcomes = apply_rollback(slurm, steps, policy_for(site), log, now=time.time())
+    results = {o.node: o for o in outcomes}
+    rows = [{**s.to_dict(), "result": results[s.node].result if s.node in results else "",
+             "action_id": results[s.node].action_id if s.node in results else ""}
+            for s in steps]
+    if not steps:
+        click.echo("hetslurm rebalance rollback: no health action to undo", err=True)
+    title = "rollback (applied)" if apply_ else "rollback (dry run)"
+    emit(rows, output_format, title=title,
+         document={"applied": apply_, "to": to, "steps": [s.to_dict() for s in steps],
+                   "outcomes": [o.__dict__ for o in outcomes]})

@@ -312,6 +312,11 @@ class FakeSlurm(SlurmBackend):
                 if job.state == "RUNNING" and name in job.nodes:
                     self._stop(job.job_id, "NODE_FAIL", None)
             node = self._nodes[name]
+        elif state is NodeStateChange.UNDRAIN:
+            # Slurm's UNDRAIN clears the drain flag only: a DOWN node stays DOWN (with its
+            # reason), unlike RESUME.
+            flags.discard("DRAIN")
+            reason = node.reason if "DOWN" in flags else None
         else:
             flags -= {"DRAIN", "DOWN"}
             if not flags & {"IDLE", "MIXED", "ALLOCATED"}:

@@ -3,6 +3,10 @@
 Attribution never goes by position: for each node, Slurm's GPU index -> gres.conf ``File=``
 -> the device file's minor number -> the NVML device reporting that minor. Each sample also
 records the job's GPU indices on the node, which sacct does not keep.
+
+The collector never changes Slurm: a lost or missing GPU is a sample (and ``TickResult.lost``);
+draining its node is the health phase of ``hetslurm rebalance`` (:mod:`hetslurm.act.health`),
+the one path from device health to a drain.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from hetslurm.metrics.gres import (
 )
 from hetslurm.metrics.nvml import NvmlSource
 from hetslurm.metrics.store import SegmentStore
-from hetslurm.slurm.backend import JobInfo, NodeStateChange, SlurmBackend
+from hetslurm.slurm.backend import JobInfo, SlurmBackend
 from hetslurm.slurm.units import format_indices
 
 log = logging.getLogger(__name__)
@@ -99,7 +103,6 @@ class Collector:
         gres: gres.conf's GPU devices per node, in Slurm index order.
         store: where segments go (None: keep samples in memory only, for tests).
         minor_of: device path -> minor (the real one stats the character device).
-        drain_lost: drain a node one of whose GPUs is lost, with ``drain_reason``.
         source_timeout_s: how long one tick waits for the source's reads (all nodes' reads
             run at once, each in its own thread). A node whose read has not answered by then
             is ``unknown`` this tick, and stays so, without a second call, while that read
@@ -110,8 +113,7 @@ class Collector:
     def __init__(self, nodes: Sequence[str], source: NvmlSource, backend: SlurmBackend | None,
                  gres: Mapping[str, list[GresDevice]], store: SegmentStore | None = None, *,
                  interval_s: float = 30.0, flush_s: float = 300.0,
-                 minor_of: MinorOf = device_minor, drain_lost: bool = False,
-                 drain_reason: str = "hetslurm: GPU lost (NVML)",
+                 minor_of: MinorOf = device_minor,
                  source_timeout_s: float = 5.0,
                  clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
@@ -123,14 +125,11 @@ class Collector:
         self.interval_s = float(interval_s)
         self.flush_s = float(flush_s)
         self.minor_of = minor_of
-        self.drain_lost = drain_lost
-        self.drain_reason = drain_reason
         self.source_timeout_s = float(source_timeout_s)
         self._pending: dict[str, _Call] = {}  # node -> its read still hung
         self.clock = clock
         self.monotonic = monotonic
         self.buffer: dict[str, list[dict[str, Any]]] = {}
-        self.drained: set[str] = set()
         self.written: list[Path] = []
         self.dropped = 0  # samples dropped from a buffer past MAX_BUFFERED_ROWS
         self.ticks = 0
@@ -167,8 +166,6 @@ class Collector:
             res.rows.extend(self._node_rows(node, t, holders.get(node, {}), attributed,
                                             jump, res, readings[node]))
         self.ticks += 1
-        if res.lost and self.drain_lost and self.backend is not None:
-            self._drain(res.lost)
         for row in res.rows:
             self.buffer.setdefault(row["node"], []).append(row)
         return res
@@ -260,19 +257,6 @@ class Collector:
             "ecc_uncorrectable": r.ecc_uncorrectable if r else None,
             "xid": r.xid if r else None,
         }
-
-    def _drain(self, lost: dict[str, list[int]]) -> None:
-        assert self.backend is not None
-        for node, minors in lost.items():
-            if node in self.drained:
-                continue
-            reason = f"{self.drain_reason} minor {','.join(map(str, sorted(set(minors))))}"
-            try:
-                self.backend.update_node(node, NodeStateChange.DRAIN, reason)
-                self.drained.add(node)
-                log.warning("drained %s: %s", node, reason)
-            except HetslurmError as exc:
-                log.error("could not drain %s: %s", node, exc)
 
     # ------------------------------------------------------------------ loop
     def flush(self, *, final: bool = False) -> list[Path]:

@@ -222,8 +222,11 @@ class Collector(_Strict):
     store: str = "/var/lib/hetslurm/metrics"
     #: gres.conf to follow index -> File=; default: beside $SLURM_CONF, else /etc/slurm.
     gres_conf: str | None = None
-    #: Drain a node whose GPU NVML reports lost (or that vanished from NVML).
+    #: Kept for existing site files: the collector no longer drains. ``true`` makes
+    #: ``[health]`` default to ``mode = "drain"`` with ``rules = ["lost"]`` (what it did), now
+    #: done by ``hetslurm rebalance`` (docs/act.md#device-health).
     drain_lost_gpu: StrictBool = False
+    #: No longer used (the health step writes ``hetslurm: <node> GPU <i> (minor <m>) ...``).
     drain_reason: str = "hetslurm: GPU lost (NVML)"
     #: Owners whose segments readers accept, besides root and the reader itself.
     trusted_uids: tuple[StrictInt, ...] = ()
@@ -318,7 +321,9 @@ class Rebalance(_Strict):
     lock_file: str = "/run/hetslurm/rebalance.lock"
     #: Action log for relaxations; default: ``[stall] action_log`` (one log for all acts).
     action_log: str | None = None
-    #: The parts (``[weights]`` configures the weights phase); each can be switched off.
+    #: The parts, in the order they run; each can be switched off (``health``: ``[health]``,
+    #: ``weights``: ``[weights]``, docs/act.md).
+    health: StrictBool = True
     requeue_stalled: StrictBool = True
     weights: StrictBool = True
     relax: StrictBool = True
@@ -367,6 +372,52 @@ class Weights(_Strict):
 
 
 register_section("weights", Weights, Weights())
+HealthRule = Annotated[str, Field(pattern=r"^(lost|ecc|xid|throttle)$")]
+ThrottleReason = Annotated[
+    str, Field(pattern=r"^(hw_slowdown|hw_thermal_slowdown|hw_power_brake|sw_thermal_slowdown|"
+                       r"sw_power_cap)$")]
+#: NVIDIA's XID catalog (docs.nvidia.com/deploy/xid-errors/): codes whose documented action
+#: is a GPU reset, a node reboot or a hardware check, never "the application's fault"
+#: (docs/act.md#device-health gives each one's meaning).
+DEFAULT_HEALTH_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
+
+
+class Health(_Strict):
+    """``[health]``: when a GPU is unhealthy and its node is drained (docs/act.md#device-health).
+
+    ``None`` values are resolved from other sections (:func:`hetslurm.act.health.rules_for`):
+    ``mode`` and ``rules`` from ``[collector] drain_lost_gpu``, ``stale_s`` from ``[collector]
+    interval_s``.
+    """
+
+    #: ``drain``: rebalance drains and undrains; ``report``: it only lists what it would do;
+    #: ``off``: the step does not run. Default: ``drain`` when ``[collector] drain_lost_gpu``
+    #: is true, else ``report`` (a site that never drained does not start to by upgrading).
+    mode: Annotated[str, Field(pattern=r"^(drain|report|off)$")] | None = None
+    #: Which rules make a device unhealthy. Default: all four, or only ``lost`` when the
+    #: ``drain`` mode comes from ``[collector] drain_lost_gpu`` (what that setting did).
+    rules: tuple[HealthRule, ...] | None = None
+    #: A device whose volatile uncorrected ECC count is at or above this is unhealthy.
+    ecc_uncorrectable_max: Annotated[StrictInt, Field(ge=1)] = 1
+    #: XID codes that make a device unhealthy.
+    xids: tuple[Annotated[StrictInt, Field(ge=1, le=1_000_000)], ...] = DEFAULT_HEALTH_XIDS
+    #: Throttle reasons that count when persistent (``sw_power_cap`` is the normal power
+    #: limit at work, not a fault, so it is left out by default).
+    throttle_reasons: tuple[ThrottleReason, ...] = (
+        "hw_slowdown", "hw_thermal_slowdown", "hw_power_brake", "sw_thermal_slowdown")
+    #: Throttling is persistent when every sample over at least this long (and at least two
+    #: samples) shows one of ``throttle_reasons``.
+    throttle_persist_s: Annotated[StrictInt, Field(ge=1, le=86400)] = 300
+    #: A device with no sample newer than this is unknown; default 3 x ``[collector]
+    #: interval_s``.
+    stale_s: Annotated[StrictFloat | StrictInt, Field(gt=0, le=86400)] | None = None
+    #: Never drain more than this share of one model's GPUs in one pass (the rest: deferred).
+    max_drain_share: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1)] = 0.25
+    #: Seconds to wait for Slurm to show a drained or undrained node.
+    verify_timeout_s: Annotated[StrictFloat | StrictInt, Field(gt=0, le=600)] = 10
+
+
+register_section("health", Health, Health())
 
 
 class HookPolicy(_Strict):

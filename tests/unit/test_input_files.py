@@ -87,6 +87,7 @@ OPTIONS: list[tuple[str, str, list[str], str]] = [
     ("simulate", "--validate", ["simulate", "--validate", BAD], "workload file"),
     ("act requeue-stalled", "--site", ["act", "requeue-stalled", "--site", BAD], "site file"),
     ("rebalance", "--site", ["rebalance", "--site", BAD], "site file"),
+    ("rebalance rollback", "--site", ["rebalance", "rollback", "--site", BAD], "site file"),
     ("site import", "--gres-conf", ["site", "import", "--gres-conf", BAD], "gres.conf"),
     ("learn speeds", "--site", ["learn", "speeds", "--site", BAD], "site file"),
     ("learn classes", "--site", ["learn", "classes", "--site", BAD], "site file"),
@@ -100,6 +101,7 @@ NOT_INPUT = {
     # lock.py), written as well as read.
     ("act requeue-stalled", "--log"), ("act requeue-stalled", "--lock"),
     ("rebalance", "--log"), ("rebalance", "--lock"),
+    ("rebalance rollback", "--log"), ("rebalance rollback", "--lock"),
     # slurmctld's log: its tail is read with bad bytes replaced (a log is not ours to refuse).
     ("hook check", "--log"),
     # Outputs.
@@ -124,7 +126,8 @@ def _file_options() -> set[tuple[str, str]]:
         if isinstance(cmd, click.Group):
             for name, sub in cmd.commands.items():
                 walk(sub, [*path, name])
-            return
+            if not cmd.invoke_without_command:
+                return  # a group that runs by itself (rebalance) has options of its own
         for p in cmd.params:
             names = p.opts if isinstance(p, click.Option) else [p.human_readable_name]
             if isinstance(p.type, click.Path) and p.type.file_okay:

@@ -96,26 +96,20 @@ def test_faults_make_samples_unknown(fault: str) -> None:
     assert r["utilization_pct"] is None
 
 
-def test_lost_and_missing_gpus_drain_the_node_when_the_site_says_so() -> None:
+def test_lost_and_missing_gpus_are_reported_and_the_collector_never_drains() -> None:
+    # Draining is the health phase of rebalance (hetslurm.act.health), the one path.
     sc = _scenario()
     sc.set_gpu("gpu1", 135, fault="lost")
     sc.set_gpu("gpu2", 128, fault="missing")  # vanished from NVML
     backend = FakeSlurm(nodes=[NodeInfo(name="gpu1", state=frozenset({"IDLE"})),
                                NodeInfo(name="gpu2", state=frozenset({"IDLE"}))])
-    res = _collector(sc, backend, drain_lost=True).tick()
+    res = _collector(sc, backend).tick()
     assert res.lost == {"gpu1": [135], "gpu2": [128]}
     missing = [r for r in res.rows if r["status"] == "missing"]
     assert [(r["node"], r["slurm_index"]) for r in missing] == [("gpu2", 1)]
-    assert backend.node("gpu1").drained and backend.node("gpu2").drained
-    assert "GPU lost" in (backend.node("gpu1").reason or "")
-
-
-def test_no_drain_unless_configured() -> None:
-    sc = _scenario()
-    sc.set_gpu("gpu1", 135, fault="lost")
-    backend = FakeSlurm(nodes=[NodeInfo(name="gpu1", state=frozenset({"IDLE"}))])
-    _collector(sc, backend).tick()
-    assert not backend.node("gpu1").drained
+    assert not backend.node("gpu1").drained and not backend.node("gpu2").drained
+    with pytest.raises(TypeError):
+        _collector(sc, backend, drain_lost=True)
 
 
 class _Down(FakeSlurm):

@@ -174,6 +174,7 @@ RULE_COMMANDS: dict[str, list[str]] = {
     "hook install": ["hook", "install", "--conf-dir", "{tmp}", "--format", "json"],
     "rebalance": ["rebalance", "--backend", "cli", "--format", "json",
                   "--conf-dir", "{tmp}"],
+    "rebalance rollback": ["rebalance", "rollback", "--backend", "cli", "--format", "json"],
     "simulate": ["simulate", "--trace", "{trace}", "--trace-format", "philly", "--params",
                  str(PARAMS), "--format", "json"],
     "bench audit": ["bench", "audit", "--real-jobs", "1", "--jobs", "1"],
@@ -194,7 +195,8 @@ def _site_options() -> Iterator[tuple[str, click.Option]]:
         if isinstance(cmd, click.Group):
             for name, sub in sorted(cmd.commands.items()):
                 yield from walk(sub, [*path, name])
-            return
+            if not cmd.invoke_without_command:
+                return  # a group that runs by itself (rebalance) has options of its own
         for p in cmd.params:
             if isinstance(p, click.Option) and "--site" in p.opts:
                 yield " ".join(path), p
@@ -278,7 +280,8 @@ def _all_options() -> Iterator[tuple[str, click.Option]]:
         if isinstance(cmd, click.Group):
             for name, sub in sorted(cmd.commands.items()):
                 yield from walk(sub, [*path, name])
-            return
+            if not cmd.invoke_without_command:
+                return  # a group that runs by itself (rebalance) has options of its own
         for p in cmd.params:
             if isinstance(p, click.Option):
                 yield " ".join(path), p
@@ -332,6 +335,7 @@ def test_backend_and_state_defaults_are_the_named_ones() -> None:
     assert defaults == {("status", "backend"): "auto", ("site import", "backend"): "auto",
                         ("act requeue-stalled", "backend"): "cli",
                         ("rebalance", "backend"): "cli", ("collect", "backend"): "cli",
+                        ("rebalance rollback", "backend"): "cli",
                         ("place", "state_spec"): "live",
                         ("explain", "state_spec"): "empty"}
 
