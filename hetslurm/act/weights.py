@@ -15,13 +15,12 @@ before it is written; a node that already shows the target is left alone (``alre
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from hetslurm.act.log import ActionLog
-from hetslurm.errors import HetslurmError
+from hetslurm.errors import ConfigError, HetslurmError
 from hetslurm.policy.weights import WeightDecision, WeightRules, decide, node_loads
 from hetslurm.site.model import Site
 from hetslurm.site.schema import Collector, Weights
@@ -110,7 +109,7 @@ def apply_weights(backend: SlurmBackend, plan: WeightPlan, log: ActionLog, *,
         if fresh.weight == d.target and d.last_written == d.target:
             out.append(WeightOutcome(d.node, d.action, d.target, fresh.weight, "already"))
             continue
-        action_id = uuid.uuid4().hex[:12]
+        action_id = f"weight-{int(now)}-{d.node}"
         try:
             backend.set_node_weight(d.node, d.target)
             shown = backend.node(d.node).weight
@@ -139,3 +138,107 @@ def run_weights(backend: SlurmBackend, site: Site, samples: Any, log: ActionLog,
     plan = plan_weights(nodes if nodes is not None else backend.nodes(), site, samples, rules,
                         last, now=now)
     return plan, (apply_weights(backend, plan, log, now=now) if apply else [])
+
+
+# ------------------------------------------------------------------ undo
+@dataclass(frozen=True)
+class WeightUndo:
+    """One undo step: put ``node`` back to ``weight`` (``none``: left alone, ``detail`` says
+    why)."""
+
+    undo: str
+    node: str
+    action: str  # "weight" or "none"
+    weight: int
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"undo": self.undo, "node": self.node, "action": self.action,
+                "weight": self.weight, "detail": self.detail}
+
+
+def undoable(entries: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """hetslurm's completed weight changes not yet undone, oldest first."""
+    done: list[Mapping[str, Any]] = []
+    undone: set[str] = set()
+    for e in entries:
+        if e.get("source") != SOURCE:
+            continue
+        if isinstance(e.get("rollback_of"), str):
+            if e.get("result") == "done":
+                undone.add(e["rollback_of"])
+            continue
+        if (e.get("result") == "done" and isinstance(e.get("action_id"), str)
+                and e.get("action") in ("set", "reassert")
+                and isinstance(e.get("previous"), int) and isinstance(e.get("weight"), int)):
+            done.append(e)
+    return [e for e in done if e["action_id"] not in undone]
+
+
+def plan_rollback(backend: SlurmBackend, log: ActionLog, to: str | None = None
+                  ) -> list[WeightUndo]:
+    """What undoing would do, newest first: ``to`` (an action id) and every later weight
+    change; without it, the changes of the latest run that made any. A node whose live
+    weight is no longer the one written is left alone.
+
+    Raises:
+        ConfigError: ``to`` names no completed, not yet undone weight change.
+    """
+    todo = undoable(log.entries("action"))
+    if to is not None:
+        ids = [str(e["action_id"]) for e in todo]
+        if to not in ids:
+            raise ConfigError(f"no weight change {to!r} to undo in {log.path} (ids: "
+                              f"{', '.join(ids[-5:]) or 'none'})")
+        todo = todo[ids.index(to):]
+    elif todo:
+        t_last = todo[-1].get("t")
+        todo = [e for e in todo if e.get("t") == t_last]
+    steps: list[WeightUndo] = []
+    for e in reversed(todo):
+        aid, node = str(e["action_id"]), str(e["node"])
+        try:
+            live = backend.node(node)
+        except HetslurmError as exc:
+            steps.append(WeightUndo(aid, node, "none", 0, f"left alone: {exc}"))
+            continue
+        if live.weight != e["weight"]:
+            steps.append(WeightUndo(aid, node, "none", live.weight,
+                                    f"left alone: Weight={live.weight}, not the {e['weight']} "
+                                    "hetslurm wrote (changed since)"))
+        else:
+            steps.append(WeightUndo(aid, node, "weight", int(e["previous"]),
+                                    f"Weight={e['weight']} back to {e['previous']}"))
+    return steps
+
+
+def apply_rollback(backend: SlurmBackend, steps: Sequence[WeightUndo], log: ActionLog, *,
+                   now: float) -> list[WeightOutcome]:
+    """Carry out the undo steps (the caller holds the run lock); each re-reads its node."""
+    out: list[WeightOutcome] = []
+    entries = {str(e.get("action_id")): e for e in log.entries("action")
+               if e.get("source") == SOURCE}
+    for s in steps:
+        if s.action == "none":
+            continue
+        written_w = entries.get(s.undo, {}).get("weight")
+        try:
+            live = backend.node(s.node)
+        except HetslurmError as exc:
+            out.append(WeightOutcome(s.node, "rollback", s.weight, 0, f"failed: {exc}"))
+            continue
+        if live.weight != written_w:
+            result = f"skipped: Weight={live.weight} now, not {written_w}"
+        else:
+            try:
+                backend.set_node_weight(s.node, s.weight)
+                shown = backend.node(s.node).weight
+                result = "done" if shown == s.weight else f"not shown: Slurm shows {shown}"
+            except HetslurmError as exc:
+                result = f"failed: {exc}"
+        aid = f"weight-rollback-{int(now)}-{s.node}"
+        log.append("action", {"t": now, "source": SOURCE, "action_id": aid, "node": s.node,
+                              "action": "rollback", "rollback_of": s.undo, "weight": s.weight,
+                              "previous": live.weight, "result": result})
+        out.append(WeightOutcome(s.node, "rollback", s.weight, live.weight, result, aid))
+    return out

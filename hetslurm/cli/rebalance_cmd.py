@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -178,8 +178,9 @@ def _run(path: str, text: str, lock: RunLock | None, apply_: bool, store: str | 
 @rebalance.command("rollback")
 @site_option()
 @click.option("--to", "to", default=None, metavar="ACTION_ID",
-              help="Undo this health action and every later one, newest first [default: "
-                   "the actions of the latest run that acted].")
+              help="Undo this action and every later one of its phase (health, or weights "
+                   "for a weight-... id), newest first [default: the actions of the latest "
+                   "run that acted].")
 @click.option("--apply", "apply_", is_flag=True,
               help="Undo; without it nothing changes (the steps are listed).")
 @click.option("--log", "action_log", type=click.Path(dir_okay=False), default=None,
@@ -190,7 +191,7 @@ def _run(path: str, text: str, lock: RunLock | None, apply_: bool, store: str | 
 @format_option
 def rollback(site_file: str | None, to: str | None, apply_: bool, action_log: str | None,
              lock_file: str | None, backend: str, output_format: str) -> None:
-    """Undo hetslurm's node drains and undrains, by action id from the action log.
+    """Undo hetslurm's node drains, undrains and weight changes, by action id.
 
     Each drain or undrain the health phase made has an action id in the action log
     (`"action_id": "drain-1800000000-gpu1"`, also in `rebalance --format json`). Undoing a
@@ -199,9 +200,14 @@ def rollback(site_file: str | None, to: str | None, apply_: bool, action_log: st
     DOWN, or drained by anyone else since, is left alone. Every step is re-checked right
     before it acts and logged with "rollback_of".
 
+    Each weight change of the weights phase has an id too ("weight-1800000000-gpu1"):
+    undoing it writes the weight the node had before, only while the node still shows the
+    one hetslurm wrote. Without --to both kinds of the latest run are undone.
+
     The health phase judges the node again at the next rebalance: a node whose GPU is still
     unhealthy is drained again (set [health] mode = "report", or run rebalance with
-    --skip-health, to keep it in service).
+    --skip-health, to keep it in service); the weights phase likewise moves a still busy
+    node again (set [weights] band = 0 to stop it).
 
     \b
     Examples:
@@ -244,18 +250,30 @@ def _rollback(path: str, text: str, to: str | None, apply_: bool, action_log: st
     log = ActionLog(action_log or policy_of(site).action_log
                     or context_for(site).stall.action_log)
     log.check()
+    from hetslurm.act import weights as W
+
     slurm = get_backend(backend, env=dict(os.environ))
-    steps = plan_rollback(slurm, log, to)
-    outcomes = []
+    # An id names its phase: weight changes are "weight-...", drains and undrains the rest.
+    weights_id = to is not None and to.startswith("weight-")
+    steps = [] if weights_id else plan_rollback(slurm, log, to)
+    wsteps = W.plan_rollback(slurm, log, to) if to is None or weights_id else []
+    outcomes: list[Any] = []
     if apply_:
-        outcomes = apply_rollback(slurm, steps, policy_for(site), log, now=time.time())
-    results = {o.node: o for o in outcomes}
-    rows = [{**s.to_dict(), "result": results[s.node].result if s.node in results else "",
-             "action_id": results[s.node].action_id if s.node in results else ""}
-            for s in steps]
-    if not steps:
-        click.echo("hetslurm rebalance rollback: no health action to undo", err=True)
+        now = time.time()
+        outcomes = [*apply_rollback(slurm, steps, policy_for(site), log, now=now),
+                    *W.apply_rollback(slurm, wsteps, log, now=now)]
+    results = {(o.node, o.action in ("rollback",)): o for o in outcomes}
+    every: list[Any] = [*steps, *wsteps]
+    rows = []
+    for st in every:
+        o = results.get((st.node, isinstance(st, W.WeightUndo)))
+        rows.append({**st.to_dict(), "result": o.result if o is not None else "",
+                     "action_id": o.action_id if o is not None else ""})
+    if not steps and not wsteps:
+        click.echo("hetslurm rebalance rollback: no health action or weight change to undo",
+                   err=True)
     title = "rollback (applied)" if apply_ else "rollback (dry run)"
     emit(rows, output_format, title=title,
-         document={"applied": apply_, "to": to, "steps": [s.to_dict() for s in steps],
+         document={"applied": apply_, "to": to,
+                   "steps": [st.to_dict() for st in every],
                    "outcomes": [o.__dict__ for o in outcomes]})

@@ -8,10 +8,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from _rebalance_fixtures import NOW, _node, demo_site
 
 from hetslurm.act.log import ActionLog
 from hetslurm.act.weights import rules_of, run_weights, written
+from hetslurm.errors import ConfigError
 from hetslurm.lab.fake_slurm import FakeSlurm
 from hetslurm.site import Site
 
@@ -114,3 +116,43 @@ def test_written_reads_the_last_weight_and_the_last_move() -> None:
         {"source": "stall", "result": "done", "node": "gpu1", "weight": 1, "t": 40.0},
     ]
     assert written(entries) == {"gpu1": (105, 10.0)}
+
+
+def test_rollback_by_id_restores_the_weight_only_while_ours(tmp_path: Path) -> None:
+    from hetslurm.act.weights import apply_rollback, plan_rollback
+
+    site = demo_site()
+    _model, busy, _other = _gpu_pair(site)
+    slurm = _cluster(site)
+    log = ActionLog(tmp_path / "actions.jsonl")
+    _plan, outcomes = run_weights(slurm, site, _samples(site, {busy: 95.0}), log, apply=True,
+                                  now=NOW)
+    aid = outcomes[0].action_id
+    assert aid == f"weight-{int(NOW)}-{busy}"
+    steps = plan_rollback(slurm, log, aid)
+    assert [(s.node, s.action, s.weight) for s in steps] == [
+        (busy, "weight", site.node(busy).weight)]
+    # Dry run: nothing changed.
+    assert slurm.node(busy).weight == site.node(busy).weight + 5
+    done = apply_rollback(slurm, steps, log, now=NOW + 1)
+    assert [o.result for o in done] == ["done"]
+    assert slurm.node(busy).weight == site.node(busy).weight
+    # Undone once: nothing left to undo; an unknown id is a clear error.
+    assert plan_rollback(slurm, log) == []
+    with pytest.raises(ConfigError, match="no weight change"):
+        plan_rollback(slurm, log, aid)
+
+
+def test_rollback_leaves_a_weight_changed_since_alone(tmp_path: Path) -> None:
+    from hetslurm.act.weights import apply_rollback, plan_rollback
+
+    site = demo_site()
+    _model, busy, _other = _gpu_pair(site)
+    slurm = _cluster(site)
+    log = ActionLog(tmp_path / "actions.jsonl")
+    run_weights(slurm, site, _samples(site, {busy: 95.0}), log, apply=True, now=NOW)
+    slurm.set_node_weight(busy, 500)  # an admin
+    steps = plan_rollback(slurm, log)
+    assert [(s.action, "changed since" in s.detail) for s in steps] == [("none", True)]
+    assert apply_rollback(slurm, steps, log, now=NOW + 1) == []
+    assert slurm.node(busy).weight == 500
