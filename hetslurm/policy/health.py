@@ -247,8 +247,13 @@ def frame_rows(frame: Any) -> list[dict[str, Any]]:
 
 
 def reason_text(node: str, devices: Iterable[DeviceVerdict], limit: int = 240) -> str:
-    """The node's drain reason: ``hetslurm: gpu1 GPU 2 (minor 131) ecc_uncorrectable=3``,
-    devices joined by ``; ``, cut at ``limit`` characters."""
-    parts = [f"{d.device} {d.evidence}" for d in sorted(devices, key=lambda d: d.slurm_index)]
+    """The node's drain reason: ``hetslurm: gpu1 GPU 2 (minor 131) ecc_uncorrectable 3``,
+    devices joined by ``; ``, cut at ``limit`` characters.
+
+    No ``=`` in it: ``scontrol show node -o`` prints the reason unquoted among its
+    ``Key=Value`` fields, so ``ecc_uncorrectable=3`` would read back as a field of its own
+    and the reason as cut before it (seen on 22.05); the evidence's ``=`` becomes a space."""
+    parts = [f"{d.device} {d.evidence.replace('=', ' ')}"
+             for d in sorted(devices, key=lambda d: d.slurm_index)]
     text = f"hetslurm: {node} " + "; ".join(parts)
     return text if len(text) <= limit else text[: limit - 3] + "..."

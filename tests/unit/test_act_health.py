@@ -156,7 +156,7 @@ def test_unhealthy_device_drains_the_whole_node_naming_gpu_and_evidence(tmp_path
     res = run(backend, samples, log)
     (d,) = res.plan.decisions
     assert d.node == "gpu1" and d.action == "drain"
-    assert d.reason == "hetslurm: gpu1 GPU 2 (minor 130) ecc_uncorrectable=3"
+    assert d.reason == "hetslurm: gpu1 GPU 2 (minor 130) ecc_uncorrectable 3"
     assert d.running_jobs == ("7",) and "finish there: 7" in d.detail
     assert res.outcomes[0].result == "done"
     n1 = backend.node("gpu1")
@@ -402,7 +402,7 @@ def test_rebalance_runs_the_health_phase_and_can_skip_it(tmp_path: Path) -> None
                            phases=("health",))
     res = rebalance(backend, req, site, samples=samples, now=NOW)
     assert res.health is not None and [d.node for d in res.health.plan.decisions] == [victim]
-    assert backend.node(victim).reason == f"hetslurm: {victim} GPU 0 (minor 128) xid=79"
+    assert backend.node(victim).reason == f"hetslurm: {victim} GPU 0 (minor 128) xid 79"
     assert res.rows()[0]["phase"] == "health" and res.to_dict()["health"]["mode"] == "drain"
     skip = RebalanceRequest(apply=False, action_log=logf, phases=("relax",))
     assert rebalance(backend, skip, site, samples=samples, now=NOW).health is None
