@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hetslurm.act.log import ActionLog
+from hetslurm.act.log import ActionLog, select_undo, undoable_actions
 from hetslurm.errors import ConfigError, HetslurmError
 from hetslurm.policy import health as H
 from hetslurm.slurm.backend import JobInfo, NodeInfo, NodeStateChange, SlurmBackend
@@ -392,19 +392,7 @@ class RollbackStep:
 def undoable(entries: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """hetslurm's completed health actions not yet undone, oldest first (undo steps
     themselves are not undone again: run the health step, or drain by hand)."""
-    done: list[Mapping[str, Any]] = []
-    undone: set[str] = set()
-    for e in entries:
-        if e.get("kind") != "action" or e.get("source") != SOURCE:
-            continue
-        if isinstance(e.get("rollback_of"), str):
-            if e.get("result") == "done":
-                undone.add(e["rollback_of"])
-            continue
-        if (e.get("result") == "done" and isinstance(e.get("action_id"), str)
-                and e.get("action") in ("drain", "undrain")):
-            done.append(e)
-    return [e for e in done if e["action_id"] not in undone]
+    return undoable_actions(entries, SOURCE, ("drain", "undrain"))
 
 
 def plan_rollback(backend: SlurmBackend, log: ActionLog, to: str | None = None
@@ -415,16 +403,7 @@ def plan_rollback(backend: SlurmBackend, log: ActionLog, to: str | None = None
     Raises:
         ConfigError: ``to`` names no completed, not yet undone health action.
     """
-    todo = undoable(log.entries("action"))
-    if to is not None:
-        ids = [e["action_id"] for e in todo]
-        if to not in ids:
-            raise ConfigError(f"no health action {to!r} to undo in {log.path} (ids: "
-                              f"{', '.join(ids[-5:]) or 'none'})")
-        todo = todo[ids.index(to):]
-    elif todo:
-        t_last = todo[-1].get("t")
-        todo = [e for e in todo if e.get("t") == t_last]
+    todo = select_undo(undoable(log.entries("action")), to, "health action", log.path)
     last = ours(log.entries("action"))
     steps = []
     for e in reversed(todo):

@@ -199,3 +199,45 @@ def _is(value: Any, typ: str) -> bool:
     if typ == _STR:
         return isinstance(value, str)
     return False
+
+
+def undoable_actions(entries: Iterable[Mapping[str, Any]], source: str,
+                     actions: Iterable[str]) -> list[Mapping[str, Any]]:
+    """``source``'s completed ``actions`` (with an ``action_id``) that no completed entry
+    with ``rollback_of`` has undone, oldest first (undo steps are not undone again)."""
+    wanted = set(actions)
+    done: list[Mapping[str, Any]] = []
+    undone: set[str] = set()
+    for e in entries:
+        if e.get("kind", "action") != "action" or e.get("source") != source:
+            continue
+        if isinstance(e.get("rollback_of"), str):
+            if e.get("result") == "done":
+                undone.add(e["rollback_of"])
+            continue
+        if (e.get("result") == "done" and isinstance(e.get("action_id"), str)
+                and e.get("action") in wanted):
+            done.append(e)
+    return [e for e in done if e["action_id"] not in undone]
+
+
+def select_undo(todo: list[Mapping[str, Any]], to: str | None, what: str,
+                path: str | Path) -> list[Mapping[str, Any]]:
+    """Of ``todo`` (undoable, oldest first): ``to`` and every later one, or without ``to``
+    those of the latest run (the same ``t`` as the last).
+
+    Raises:
+        ConfigError: ``to`` is not among them (the message lists the last few ids).
+    """
+    from hetslurm.errors import ConfigError
+
+    if to is not None:
+        ids = [str(e["action_id"]) for e in todo]
+        if to not in ids:
+            raise ConfigError(f"no {what} {to!r} to undo in {path} (ids: "
+                              f"{', '.join(ids[-5:]) or 'none'})")
+        return todo[ids.index(to):]
+    if not todo:
+        return []
+    t_last = todo[-1].get("t")
+    return [e for e in todo if e.get("t") == t_last]

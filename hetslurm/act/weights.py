@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetslurm.act.log import ActionLog
-from hetslurm.errors import ConfigError, HetslurmError
+from hetslurm.act.log import ActionLog, select_undo, undoable_actions
+from hetslurm.errors import HetslurmError
 from hetslurm.policy.weights import WeightDecision, WeightRules, decide, node_loads
 from hetslurm.site.model import Site
 from hetslurm.site.schema import Collector, Weights
@@ -110,12 +110,7 @@ def apply_weights(backend: SlurmBackend, plan: WeightPlan, log: ActionLog, *,
             out.append(WeightOutcome(d.node, d.action, d.target, fresh.weight, "already"))
             continue
         action_id = f"weight-{int(now)}-{d.node}"
-        try:
-            backend.set_node_weight(d.node, d.target)
-            shown = backend.node(d.node).weight
-            result = "done" if shown == d.target else f"not shown: Slurm shows {shown}"
-        except HetslurmError as exc:
-            result = f"failed: {exc}"
+        result = _write(backend, d.node, d.target)
         log.append("action", {"t": now, "source": SOURCE, "action_id": action_id,
                               "node": d.node, "action": d.action, "weight": d.target,
                               "previous": fresh.weight, "site_weight": d.site_weight,
@@ -123,6 +118,17 @@ def apply_weights(backend: SlurmBackend, plan: WeightPlan, log: ActionLog, *,
                               "result": result})
         out.append(WeightOutcome(d.node, d.action, d.target, fresh.weight, result, action_id))
     return out
+
+
+def _write(backend: SlurmBackend, node: str, weight: int) -> str:
+    """Set ``node``'s weight and read it back: ``done``, ``not shown: ...`` or
+    ``failed: ...``."""
+    try:
+        backend.set_node_weight(node, weight)
+        shown = backend.node(node).weight
+    except HetslurmError as exc:
+        return f"failed: {exc}"
+    return "done" if shown == weight else f"not shown: Slurm shows {shown}"
 
 
 def run_weights(backend: SlurmBackend, site: Site, samples: Any, log: ActionLog, *,
@@ -159,20 +165,8 @@ class WeightUndo:
 
 def undoable(entries: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """hetslurm's completed weight changes not yet undone, oldest first."""
-    done: list[Mapping[str, Any]] = []
-    undone: set[str] = set()
-    for e in entries:
-        if e.get("source") != SOURCE:
-            continue
-        if isinstance(e.get("rollback_of"), str):
-            if e.get("result") == "done":
-                undone.add(e["rollback_of"])
-            continue
-        if (e.get("result") == "done" and isinstance(e.get("action_id"), str)
-                and e.get("action") in ("set", "reassert")
-                and isinstance(e.get("previous"), int) and isinstance(e.get("weight"), int)):
-            done.append(e)
-    return [e for e in done if e["action_id"] not in undone]
+    return [e for e in undoable_actions(entries, SOURCE, ("set", "reassert"))
+            if isinstance(e.get("previous"), int) and isinstance(e.get("weight"), int)]
 
 
 def plan_rollback(backend: SlurmBackend, log: ActionLog, to: str | None = None
@@ -184,16 +178,7 @@ def plan_rollback(backend: SlurmBackend, log: ActionLog, to: str | None = None
     Raises:
         ConfigError: ``to`` names no completed, not yet undone weight change.
     """
-    todo = undoable(log.entries("action"))
-    if to is not None:
-        ids = [str(e["action_id"]) for e in todo]
-        if to not in ids:
-            raise ConfigError(f"no weight change {to!r} to undo in {log.path} (ids: "
-                              f"{', '.join(ids[-5:]) or 'none'})")
-        todo = todo[ids.index(to):]
-    elif todo:
-        t_last = todo[-1].get("t")
-        todo = [e for e in todo if e.get("t") == t_last]
+    todo = select_undo(undoable(log.entries("action")), to, "weight change", log.path)
     steps: list[WeightUndo] = []
     for e in reversed(todo):
         aid, node = str(e["action_id"]), str(e["node"])
@@ -230,12 +215,7 @@ def apply_rollback(backend: SlurmBackend, steps: Sequence[WeightUndo], log: Acti
         if live.weight != written_w:
             result = f"skipped: Weight={live.weight} now, not {written_w}"
         else:
-            try:
-                backend.set_node_weight(s.node, s.weight)
-                shown = backend.node(s.node).weight
-                result = "done" if shown == s.weight else f"not shown: Slurm shows {shown}"
-            except HetslurmError as exc:
-                result = f"failed: {exc}"
+            result = _write(backend, s.node, s.weight)
         aid = f"weight-rollback-{int(now)}-{s.node}"
         log.append("action", {"t": now, "source": SOURCE, "action_id": aid, "node": s.node,
                               "action": "rollback", "rollback_of": s.undo, "weight": s.weight,
