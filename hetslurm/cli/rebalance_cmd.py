@@ -94,23 +94,10 @@ def rebalance(ctx: click.Context, site_file: str | None, apply_: bool, store: st
             raise click.UsageError(f"{', '.join(given)} belong after "
                                    f"'{ctx.invoked_subcommand}'")
         return
-    from hetslurm.act import LockBusy
-    from hetslurm.act.lock import RunLock
-    from hetslurm.site.load import read_site_as_root
-
-    path = str(site_path(site_file))
-    # Read once, and as root only from a file root alone can write: the lock path below
-    # comes from it, and root truncates the file it names.
-    text = read_site_as_root(path)
-    # The lock first, before the site is validated or anything heavy is imported: a second
-    # run must exit at once.
-    lock = RunLock(lock_file or _lock_file(text)) if apply_ else None
-    if lock is not None:
-        try:
-            lock.acquire()
-        except LockBusy as exc:
-            click.echo(f"hetslurm rebalance: {exc}", err=True)
-            return
+    got = _site_and_lock(site_file, lock_file, apply_, "hetslurm rebalance")
+    if got is None:
+        return
+    path, text, lock = got
     try:
         phases = only or None
         if skip_health:
@@ -215,24 +202,39 @@ def rollback(site_file: str | None, to: str | None, apply_: bool, action_log: st
       hetslurm rebalance rollback --to drain-1800000000-gpu1 --apply
       hetslurm rebalance rollback --format json
     """
-    from hetslurm.act import LockBusy
-    from hetslurm.act.lock import RunLock
-    from hetslurm.site.load import read_site_as_root
-
-    path = str(site_path(site_file))
-    text = read_site_as_root(path)
-    lock = RunLock(lock_file or _lock_file(text)) if apply_ else None
-    if lock is not None:
-        try:
-            lock.acquire()
-        except LockBusy as exc:
-            click.echo(f"hetslurm rebalance rollback: {exc}", err=True)
-            return
+    got = _site_and_lock(site_file, lock_file, apply_, "hetslurm rebalance rollback")
+    if got is None:
+        return
+    path, text, lock = got
     try:
         _rollback(path, text, to, apply_, action_log, backend, output_format)
     finally:
         if lock is not None:
             lock.release()
+
+
+def _site_and_lock(site_file: str | None, lock_file: str | None, apply_: bool, who: str
+                   ) -> tuple[str, str, RunLock | None] | None:
+    """The site's path and text, and with ``apply_`` the rebalance lock, held; None (said on
+    stderr) when another run holds it."""
+    from hetslurm.act import LockBusy
+    from hetslurm.act.lock import RunLock
+    from hetslurm.site.load import read_site_as_root
+
+    path = str(site_path(site_file))
+    # Read once, and as root only from a file root alone can write: the lock path below
+    # comes from it, and root truncates the file it names.
+    text = read_site_as_root(path)
+    # The lock first, before the site is validated or anything heavy is imported: a second
+    # run must exit at once.
+    lock = RunLock(lock_file or _lock_file(text)) if apply_ else None
+    if lock is not None:
+        try:
+            lock.acquire()
+        except LockBusy as exc:
+            click.echo(f"{who}: {exc}", err=True)
+            return None
+    return path, text, lock
 
 
 def _rollback(path: str, text: str, to: str | None, apply_: bool, action_log: str | None,
