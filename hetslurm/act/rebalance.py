@@ -228,18 +228,11 @@ def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalanc
             return True
         return False
 
+    readers = [p for p in ("health", "requeue-stalled", "weights") if wanted[p]]
+    if samples is None and len(readers) > 1:
+        samples = _read_once(req, site, readers, now, res)
     if wanted["health"] and not out_of_time("health"):
         _health(backend, req, site, res, log, samples=samples, now=now, clock=clock)
-    if samples is None and wanted["requeue-stalled"] and wanted["weights"]:
-        # One read of the store serves both phases (each keeps to its own window).
-        from hetslurm.act.run import read_samples
-        from hetslurm.act.weights import rules_of
-
-        store = req.store or (site.sections["collector"].store
-                              if site.sections.get("collector") is not None else None)
-        since = now - max(ctx.window_s, rules_of(site).window_s)
-        samples, problems = read_samples(store, site, since, now)
-        res.problems.extend(problems)
 
     if wanted["requeue-stalled"] and not out_of_time("requeue-stalled"):
         sreq = StallRequest(apply=req.apply, store=req.store,
@@ -311,6 +304,35 @@ def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalanc
                            "drift_changes": (len(res.drift.changes) if res.drift else None),
                            "skipped": res.skipped})
     return res
+
+
+def _read_once(req: RebalanceRequest, site: Site, readers: Sequence[str], now: float,
+               res: RebalanceResult) -> Any:
+    """One read of the metrics store for every phase that judges samples (each keeps to its
+    own window and columns): the union of their columns over the longest window."""
+    from hetslurm.act.run import STALL_COLUMNS, context_for, read_samples
+    from hetslurm.act.weights import rules_of
+
+    since, cols = now, set()
+    if "health" in readers:
+        from hetslurm.act.health import policy_for
+        from hetslurm.metrics.samples import COLUMNS
+        from hetslurm.policy.health import COLUMNS as HEALTH_COLUMNS
+
+        with contextlib.suppress(ConfigError):  # the health phase says so itself
+            since = min(since, now - policy_for(site).rules.window_s)
+        cols |= {c for c in HEALTH_COLUMNS if c in COLUMNS}
+    if "requeue-stalled" in readers:
+        since = min(since, now - context_for(site).window_s)
+        cols |= set(STALL_COLUMNS)
+    if "weights" in readers:
+        since = min(since, now - rules_of(site).window_s)
+        cols |= {"time", "node", "slurm_index", "status", "utilization_pct"}
+    store = req.store or (site.sections["collector"].store
+                          if site.sections.get("collector") is not None else None)
+    samples, problems = read_samples(store, site, since, now, columns=tuple(sorted(cols)))
+    res.problems.extend(problems)
+    return samples
 
 
 def _health(backend: SlurmBackend, req: RebalanceRequest, site: Site, res: RebalanceResult,

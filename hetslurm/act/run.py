@@ -4,7 +4,7 @@ the lock, the action log and the actions."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,15 +49,15 @@ def context_for(site: Site | None) -> Context:
                    max_interval_s=interval_cap(site))
 
 
-def read_samples(store: str | None, site: Site | None, since: float, until: float
-                 ) -> tuple[Any, list[str]]:
+def read_samples(store: str | None, site: Site | None, since: float, until: float, *,
+                 columns: Sequence[str] = STALL_COLUMNS) -> tuple[Any, list[str]]:
     """Samples of the window from the store; refusals become problems (fewer samples can
     only make a job look less idle: unknown is never idle)."""
     from hetslurm.metrics.store import SegmentStore, empty_frame
 
     if not store or not Path(store).is_dir():
         return empty_frame(), [f"no metrics store at {store!r}: no job can be judged idle"]
-    frame, report = SegmentStore.of_site(store, site).read(since, until, columns=STALL_COLUMNS)
+    frame, report = SegmentStore.of_site(store, site).read(since, until, columns=columns)
     problems = []
     if report.partial:
         problems.append(f"{sum(report.refused.values())} segment(s) refused")

@@ -337,6 +337,8 @@ def bench_simulate_cmd(site_file: str, params_file: str, limit: int | None,
               show_default=True,
               help="Store segments per node for the hour (12: the collector's 5-minute "
                    "flush; 1: the hour compacted).")
+@click.option("--nodes", type=click.IntRange(2), default=None,
+              help="8-GPU nodes [default: enough for the jobs with a quarter to spare].")
 @click.option("--pending", type=click.IntRange(0), default=1000, show_default=True,
               help="Pending jobs (half of them relaxable #HET energy=low jobs).")
 @click.option("--per-job-sample", type=click.IntRange(1), default=300, show_default=True,
@@ -344,12 +346,13 @@ def bench_simulate_cmd(site_file: str, params_file: str, limit: int | None,
 @click.option("--workdir", type=click.Path(file_okay=False), default=None,
               help="Where the synthetic state is written (and removed) [default: $TMPDIR].")
 @format_option
-def bench_rebalance_cmd(jobs: int, interval_s: float, segments_per_node: int, pending: int,
-                        per_job_sample: int, workdir: str | None, output_format: str) -> None:
+def bench_rebalance_cmd(jobs: int, interval_s: float, segments_per_node: int,
+                        nodes: int | None, pending: int, per_job_sample: int,
+                        workdir: str | None, output_format: str) -> None:
     """Time one dry-run `hetslurm rebalance` pass on a synthetic cluster.
 
     The state (docs/act.md#benchmark): JOBS running 1-GPU jobs on 8-GPU nodes, an hour of
-    samples each, pending #HET jobs; the pass runs all three phases in a child process.
+    samples each, pending #HET jobs; the pass runs every phase in a child process.
     Reports jobs, seconds (target 10), peak_rss_mb, phase_seconds and speedup against the
     per-job way (one metrics store read per job, timed on a sample and scaled).
     """
@@ -359,9 +362,9 @@ def bench_rebalance_cmd(jobs: int, interval_s: float, segments_per_node: int, pe
         click.echo(f"bench rebalance: {msg}", err=True)
 
     try:
-        res = bench_rebalance(jobs, interval_s=interval_s, segments_per_node=segments_per_node,
-                              pending=pending, per_job_sample=per_job_sample, workdir=workdir,
-                              log=log)
+        res = bench_rebalance(jobs, nodes=nodes, interval_s=interval_s,
+                              segments_per_node=segments_per_node, pending=pending,
+                              per_job_sample=per_job_sample, workdir=workdir, log=log)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
     emit([{"metric": k, "value": v} for k, v in res.items()], output_format,

@@ -117,6 +117,9 @@ def generate(out: Path, jobs: int, samples: int, nodes: int = 1000,
         "mig_mode": np.zeros(n, "int8"), "status": np.full(n, "ok"),
         "interval_s": np.full(n, interval_s, "float32"), "attributed": np.ones(n, bool),
         "clock_jump": np.zeros(n, bool),
+        # Healthy devices: every reason read and none active, no ECC error, no XID.
+        "throttle_reasons": np.full(n, ""), "ecc_uncorrectable": np.zeros(n, "int64"),
+        "xid": pa.nulls(n, pa.int32()),
     }
     table = pa.table(cols, schema=arrow_schema())
     order = np.argsort(node[j], kind="stable")
