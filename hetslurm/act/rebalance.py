@@ -253,8 +253,7 @@ def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalanc
         if wsamples is None:
             from hetslurm.act.run import read_samples
 
-            store = req.store or (site.sections["collector"].store
-                                  if site.sections.get("collector") is not None else None)
+            store = _store_of(req, site)
             wsamples, problems = read_samples(store, site, now - rules_of(site).window_s, now)
             res.problems.extend(f"weights: {p}" for p in problems)
         try:
@@ -306,6 +305,12 @@ def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalanc
     return res
 
 
+def _store_of(req: RebalanceRequest, site: Site) -> str | None:
+    """The metrics store: ``--store``, else the site's ``[collector] store``."""
+    coll = site.sections.get("collector")
+    return req.store or (coll.store if coll is not None else None)
+
+
 def _read_once(req: RebalanceRequest, site: Site, readers: Sequence[str], now: float,
                res: RebalanceResult) -> Any:
     """One read of the metrics store for every phase that judges samples (each keeps to its
@@ -328,8 +333,7 @@ def _read_once(req: RebalanceRequest, site: Site, readers: Sequence[str], now: f
     if "weights" in readers:
         since = min(since, now - rules_of(site).window_s)
         cols |= {"time", "node", "slurm_index", "status", "utilization_pct"}
-    store = req.store or (site.sections["collector"].store
-                          if site.sections.get("collector") is not None else None)
+    store = _store_of(req, site)
     samples, problems = read_samples(store, site, since, now, columns=tuple(sorted(cols)))
     res.problems.extend(problems)
     return samples

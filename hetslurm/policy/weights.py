@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetslurm.metrics.measured import node_usage
+from hetslurm.site.model import WEIGHT_STEP
 
-#: The widest band a model may get: the site's model weights are 10 apart.
-MAX_BAND = 9
+#: The widest band a model may get: one less than the step between the site's model
+#: weights, so bands never meet.
+MAX_BAND = WEIGHT_STEP - 1
 
 
 @dataclass(frozen=True)
