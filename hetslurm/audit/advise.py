@@ -11,7 +11,9 @@ file that ``hetslurm site diff`` shows and ``site apply`` applies:
   gives a job of the class that asks for no memory): the ``quantile`` of the class's
   measured MaxRSS times ``headroom``, rounded up to 256 MiB;
 * GPUs per job per class as advice comments only: a GPU count is the request's own meaning
-  (``gpus=``), and no enforced default for it exists.
+  (``gpus=``), and no enforced default for it exists;
+* from measured energy (:mod:`hetslurm.audit.energy_advice`), ``[hook] energy_low_models``
+  and the energy lever's per-model GPU watts.
 
 Every change carries its evidence as ``#`` comments above the table it changes; the text is
 checked by the site loader before it is returned. Nothing is guessed: a class with too few
@@ -31,6 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from hetslurm.audit.classes import ClassResult, learn_classes, usage_by_job
+from hetslurm.audit.energy import site_speeds
+from hetslurm.audit.energy_advice import EnergyAdvice, energy_advice, merge_energy
 from hetslurm.audit.ranking import (
     ClassRanking,
     _toml_tables,
@@ -147,6 +151,7 @@ class Advice:
     changes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     skipped_records: int = 0
+    energy: EnergyAdvice | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"changes": self.changes, "runs": self.runs, "notes": self.notes,
@@ -159,6 +164,7 @@ class Advice:
                 "memory": [m.to_dict() for m in self.memory],
                 "gpus": [g.to_dict() for g in self.gpus],
                 "skipped_records": self.skipped_records,
+                "energy": self.energy.to_dict() if self.energy is not None else None,
                 "written": self.site_text is not None}
 
 
@@ -283,18 +289,19 @@ def propose(jobs: Any, usage_of: Mapping[int, JobUsage], samples: Any, site: Sit
     adv.memory = memory_advice(jobs, usage_of, site, quantile=req.mem_quantile,
                                headroom=req.mem_headroom, min_jobs=req.min_mem_jobs)
     usage = site.sections.get("usage") or Usage()
-    pj = None
+    pj = prepared = None
     if samples is not None and len(samples):
-        pj = per_job(prepare_samples(samples, usage, req.since, req.until))
+        prepared = prepare_samples(samples, usage, req.since, req.until)
+        pj = per_job(prepared)
     adv.gpus = gpu_advice(jobs, pj, site)
-    _merge(adv, site, site_text, site_label, req)
+    _merge(adv, site, site_text, site_label, req, energy_inputs=(jobs, samples, prepared))
     if adv.site_text is not None:
         parse_site(adv.site_text, "<advised site>")
     return adv
 
 
 def _merge(adv: Advice, site: Site, site_text: str, site_label: str,
-           req: AdviseRequest) -> None:
+           req: AdviseRequest, energy_inputs: tuple[Any, Any, Any] | None = None) -> None:
     try:
         data = tomllib.loads(site_text)
     except tomllib.TOMLDecodeError as exc:
@@ -332,6 +339,13 @@ def _merge(adv: Advice, site: Site, site_text: str, site_label: str,
         note(("classes", g.wclass), "advise: " + g.line())
     _merge_speeds(adv, site, data, note)
     _merge_classify(adv, data, note, req)
+    if energy_inputs is not None:
+        # Energy per unit of work with the speeds the proposed file will carry: the
+        # measured ratios just merged, else the site's.
+        speeds = site_speeds(_parsed(data) if adv.speed_table else site)
+        adv.energy = energy_advice(*energy_inputs, site, speeds=speeds, since=req.since,
+                                   until=req.until, min_jobs=req.min_jobs)
+        merge_energy(adv.energy, site, data, note, adv.changes)
     if not adv.changes:
         return
     day = "%Y-%m-%d"
@@ -396,16 +410,21 @@ def _merge_speeds(adv: Advice, site: Site, data: dict[str, Any], note: Any) -> N
              "(the reference model's run time over this model's)", *ev)
 
 
-def _load_problem(data: dict[str, Any]) -> str | None:
-    """Why the site ``data`` would not load (the loader's message), or None."""
+def _parsed(data: dict[str, Any]) -> Site:
+    """The site ``data`` loaded (ConfigError or TypeError when it does not load)."""
     from hetslurm.site.load import parse_site
 
     lines: list[str] = []
     top = {k: v for k, v in data.items() if not isinstance(v, dict)}
+    _toml_tables({k: v for k, v in data.items() if isinstance(v, dict)}, (), lines)
+    return parse_site("\n".join(f"{k} = {toml_value(v)}" for k, v in top.items()) + "\n"
+                      + "\n".join(lines) + "\n", "<advised site>")
+
+
+def _load_problem(data: dict[str, Any]) -> str | None:
+    """Why the site ``data`` would not load (the loader's message), or None."""
     try:
-        _toml_tables({k: v for k, v in data.items() if isinstance(v, dict)}, (), lines)
-        parse_site("\n".join(f"{k} = {toml_value(v)}" for k, v in top.items()) + "\n"
-                   + "\n".join(lines) + "\n", "<advised site>")
+        _parsed(data)
     except (ConfigError, TypeError) as exc:
         return str(exc)
     return None
@@ -475,8 +494,9 @@ def read_inputs(req: AdviseRequest, site: Site, env: Mapping[str, str] | None
     usage_of = usage_by_job(records)
     del records
     if req.store:
+        # power_w: the measured watts of the energy advice (metrics.measured.gpu_watts).
         samples, report = SegmentStore.of_site(req.store, site).read(
-            req.since, req.until, columns=AUDIT_COLUMNS)
+            req.since, req.until, columns=(*AUDIT_COLUMNS, "power_w"))
         if report.partial:
             notes.append(f"{sum(report.refused.values())} segment(s) of the store refused")
     else:

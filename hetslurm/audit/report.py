@@ -32,6 +32,8 @@ ABOUT = {
     "energy_jobs": "Energy per GPU job from NVML's energy counter, with the share of its "
                    "sampled GPU-time the counter covers (the rest is unknown, not guessed).",
     "energy": "The same summed by user, account, class and GPU model.",
+    "energy_per_work": "Watt-hours per reference GPU-hour of work by GPU model (and class), "
+                       "from the covered energy and the site's speeds; no speed, no figure.",
 }
 
 
@@ -84,9 +86,27 @@ def print_tables(result: AuditResult, tables: list[str] | None = None) -> None:
         if len(frame) > 50:
             t.caption = f"first 50 of {len(frame)} rows"
         con.print(t)
+    line = reconciliation_line(result.meta.get("energy_reconciliation"))
+    if line:
+        con.print(line, markup=False)
     if result.partial:
         Console(stderr=True).print("[yellow]partial result:[/] "
                                    + "; ".join(result.meta.get("problems", [])))
+
+
+def reconciliation_line(rec: dict[str, Any] | None) -> str:
+    """One sentence on NVML's energy against Slurm's (``meta.energy_reconciliation``)."""
+    if not rec:
+        return ""
+    if not rec.get("jobs_with_both"):
+        return f"energy reconciliation: {rec.get('note', '')}"
+    pct = rec.get("nvml_minus_slurm_pct")
+    return (f"energy reconciliation over {rec['jobs_with_both']} of {rec['gpu_jobs']} GPU jobs "
+            f"that both measured: NVML {rec['nvml_kwh']:.3f} kWh, Slurm {rec['slurm_kwh']:.3f} "
+            f"kWh, NVML - Slurm {rec['nvml_minus_slurm_kwh']:+.3f} kWh"
+            + (f" ({pct:+.1f}%)" if pct is not None else "")
+            + (f"; NVML coverage {rec['nvml_coverage_pct']:.0f}%"
+               if rec.get("nvml_coverage_pct") is not None else ""))
 
 
 def _cell(v: Any) -> str:
@@ -156,6 +176,9 @@ def write_html(result: AuditResult, out: TextIO, images: list[Path] | None = Non
         items = "".join(f"<li>{html.escape(p)}</li>" for p in meta.get("problems", []))
         label = "Partial result" if result.partial else "Notes"
         parts.append(f"<div class='partial'><b>{label}</b><ul>{items}</ul></div>")
+    line = reconciliation_line(meta.get("energy_reconciliation"))
+    if line:
+        parts.append(f"<p>{html.escape(line)}</p>")
     for img in images or []:
         data = base64.b64encode(Path(img).read_bytes()).decode()
         parts.append(f"<img alt='{html.escape(img.name)}' src='data:image/png;base64,{data}'>")

@@ -30,7 +30,7 @@ from hetslurm.slurm.units import NO_VAL, expand_hostlist
 
 JOB_COLUMNS = ("job_id", "run", "name", "user", "account", "partition", "state", "submit",
                "eligible", "start", "end", "elapsed", "nodes", "gpus", "gpu_model",
-               "typed", "constraints", "comment", "admin_comment", "wclass")
+               "typed", "constraints", "comment", "admin_comment", "wclass", "slurm_energy_j")
 #: Problems listed one by one; past this many only the count grows.
 MAX_LISTED_PROBLEMS = 20
 
@@ -188,6 +188,10 @@ class _Columns:
         return frame
 
 
+def _nan_if_none(v: float | None) -> float:
+    return float("nan") if v is None else v
+
+
 def _decode_jobs(records: SacctRecords, site: Site | None, res: SacctResult) -> Any:
     """Each record decoded and cut into the jobs DataFrame."""
     decode = records.decode
@@ -241,7 +245,7 @@ def _decode_jobs(records: SacctRecords, site: Site | None, res: SacctResult) -> 
                      partition, rec.state.name if rec.state is not None else "",
                      t.submission or 0, t.eligible or 0, t.start or 0, t.end or 0,
                      t.elapsed or 0, nodes, gpus, model or "", typed is not None,
-                     rec.constraints or "", jcomment, admin, wc))
+                     rec.constraints or "", jcomment, admin, wc, _nan_if_none(rec.energy_j)))
         if len(rows) >= _CHUNK:
             cols.add(rows)
             rows.clear()

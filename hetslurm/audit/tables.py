@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hetslurm.audit.energy import energy_tables
+from hetslurm.audit.energy import energy_per_work, energy_tables, reconcile, site_speeds
 from hetslurm.policy.idle import (
     interval_cap,
     judge_windows,
@@ -33,7 +33,7 @@ DEFAULT_SPEED = {"b200": 6.0, "h200": 3.2, "h100": 3.0, "gh200": 3.2, "l40s": 1.
                  "t4": 0.2}
 TABLES = ("by_gpu_model", "by_partition", "by_account", "by_user", "by_class", "idle_jobs",
           "wait", "fragmentation", "right_size", "placement", "hook_decisions",
-          "class_agreement", "energy_jobs", "energy")
+          "class_agreement", "energy_jobs", "energy", "energy_per_work")
 AGREEMENT_COLUMNS = ("class", "cpu_only", "jobs", "with_evidence", "inferred_cpu",
                      "inferred_gpu", "agreed", "agreement_pct", "rule_jobs", "rule_agreed")
 
@@ -603,6 +603,7 @@ def audit(jobs: Any, samples: Any, site: Site | None, *, since: float, until: fl
     tables["class_agreement"] = class_agreement(jobs, pj, site, usage, since=since,
                                                 until=until)
     tables["energy_jobs"], tables["energy"] = energy_tables(j, s)
+    tables["energy_per_work"] = energy_per_work(tables["energy_jobs"], site_speeds(site))
     held_ids = set(s.loc[s["held"], "job_id"].astype("int64").unique()) if len(s) else set()
     meta: dict[str, Any] = {
         "since": since, "until": until, "jobs": len(j), "samples": len(s),
@@ -613,6 +614,7 @@ def audit(jobs: Any, samples: Any, site: Site | None, *, since: float, until: fl
         if len(s) else 0,
         "samples_of_jobs_not_in_sacct": len(held_ids - set(j["job_id"].tolist())),
         "usage": usage.model_dump(),
+        "energy_reconciliation": reconcile(tables["energy_jobs"]),
         "partial": False, "problems": [],
     }
     if meta["clock_jump_samples"]:

@@ -105,6 +105,11 @@ def advise_cmd(site_file: str | None, since: str, until: str, sacct_file: str | 
          title=f"advice from {adv.runs} measured GPU runs", document=doc)
     for note in adv.notes:
         click.echo(f"hetslurm advise: {note}", err=True)
+    if adv.energy is not None:
+        from hetslurm.audit.energy_advice import energy_notes
+
+        for line in energy_notes(adv.energy):
+            click.echo(f"hetslurm advise: {line}", err=True)
     for m in adv.memory:
         if m.note and m.runs:
             click.echo(f"hetslurm advise: class {m.wclass}: {m.note}", err=True)

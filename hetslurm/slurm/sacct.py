@@ -77,6 +77,84 @@ class SacctComment(msgspec.Struct, gc=False):
     job: str | None = None
 
 
+class SacctNumber(msgspec.Struct, gc=False):
+    """data_parser v0.0.42's number: ``{"set": true, "infinite": false, "number": 0}``."""
+
+    set: bool | None = None
+    infinite: bool | None = None
+    number: int | float | None = None
+
+
+class SacctEnergy(msgspec.Struct, gc=False):
+    #: Joules; 22.05 a plain number, 24.11 on a :class:`SacctNumber`. Not range-checked as
+    #: Int64: Slurm's NO_VAL64 does not fit one, and means "no value", not a bad record.
+    consumed: int | float | SacctNumber | None = None
+
+
+class SacctStepStatistics(msgspec.Struct, gc=False):
+    energy: SacctEnergy | None = None
+
+
+class SacctEnergyTotals(msgspec.Struct, gc=False):
+    #: TRESUsageInTot (sacct's ``energy=`` in it is the step's joules).
+    total: list[SacctTres] | None = None
+
+
+class SacctEnergyTres(msgspec.Struct, gc=False):
+    requested: SacctEnergyTotals | None = None
+
+
+class SacctEnergyStep(msgspec.Struct, gc=False):
+    """What a step's record says of its energy (``acct_gather_energy``): ConsumedEnergyRaw
+    (``statistics.energy.consumed``) and the ``energy`` TRES of TRESUsageInTot."""
+
+    statistics: SacctStepStatistics | None = None
+    tres: SacctEnergyTres | None = None
+
+
+#: At and above this a 64-bit Slurm number is NO_VAL64/INFINITE64 ("no value").
+_NO_VAL64 = 0xFFFFFFFFFFFFFFFE
+
+
+def _energy_value(v: Any) -> float | None:
+    """Joules of one reading; None for Slurm's "no value": unset, infinite, NO_VAL64, a
+    negative count (24.11 prints NO_VAL64 as -2 in TRES), and 0, which Slurm writes for every
+    step when no ``AcctGatherEnergyType`` gathers energy (a GPU job never uses 0 J)."""
+    if isinstance(v, SacctNumber):
+        if not v.set or v.infinite:
+            return None
+        v = v.number
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    if not 0 < v < _NO_VAL64:
+        return None
+    return float(v)
+
+
+def job_energy_j(steps: list[SacctEnergyStep] | None) -> float | None:
+    """The job's energy as Slurm accounted it (joules), None when no step has one.
+
+    A step's figure is its ConsumedEnergyRaw, else the ``energy`` TRES of its
+    TRESUsageInTot. The job's is the **largest** step's, not the sum: the batch and extern
+    steps each span the allocation and each report the node's energy over it, so a sum would
+    count it two or three times (sacct shows the job line equal to its batch and extern
+    steps, e.g. ARCHER2's documented ``2658300 4.58M, .batch 4.58M, .extern 4.58M, .0
+    4.57M``)."""
+    best: float | None = None
+    for step in steps or ():
+        value = None
+        if step.statistics is not None and step.statistics.energy is not None:
+            value = _energy_value(step.statistics.energy.consumed)
+        if value is None and step.tres is not None and step.tres.requested is not None:
+            for t in step.tres.requested.total or ():
+                if t.type == "energy":
+                    value = _energy_value(t.count)
+                    break
+        if value is not None and (best is None or value > best):
+            best = value
+    return best
+
+
 class SacctJob(msgspec.Struct, gc=False):
     """One run of one job as the accounting database recorded it."""
 
@@ -91,6 +169,12 @@ class SacctJob(msgspec.Struct, gc=False):
     constraints: str | None = None
     comment: SacctComment | None = None
     tres: SacctTresGroup | None = None
+    steps: list[SacctEnergyStep] | None = None
+
+    @property
+    def energy_j(self) -> float | None:
+        """:func:`job_energy_j` of the steps."""
+        return job_energy_j(self.steps)
 
 
 # --- what a job used (jobacct_gather/linux, docs/site-config.md "[accounting]") -------------

@@ -62,7 +62,7 @@ def test_csv_table_html_parquet_and_plots(inputs: list[str], tmp_path: Path) -> 
 
     p = P()
     p.feed(page.read_text())
-    assert p.tags.count("table") == 14 and p.tags.count("img") == 3
+    assert p.tags.count("table") == 15 and p.tags.count("img") == 3
     for png in (tmp_path / "png").iterdir():
         assert png.read_bytes()[:4] == b"\x89PNG"
     res = run(cli, [*inputs, "--format", "parquet", "--out", str(tmp_path / "pq")])

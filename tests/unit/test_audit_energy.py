@@ -4,12 +4,25 @@ the job held both of; everything else unknown, with its share reported."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from hetslurm.audit.energy import GROUP_COLUMNS, JOB_COLUMNS, energy_per_job, energy_tables
+from hetslurm.audit.energy import (
+    ALL_CLASSES,
+    GROUP_COLUMNS,
+    JOB_COLUMNS,
+    WORK_COLUMNS,
+    energy_per_job,
+    energy_per_work,
+    energy_tables,
+    site_speeds,
+)
 from hetslurm.audit.tables import TABLES, audit
+from hetslurm.site.load import parse_site
+
+LEVERS_SITE = Path(__file__).resolve().parents[1] / "data" / "levers" / "small.toml"
 
 
 def _samples(rows: list[tuple[float, str, int, int | None, float | None]],
@@ -107,5 +120,50 @@ def test_empty_inputs_give_empty_tables_with_their_columns() -> None:
 
 
 def test_audit_lists_the_energy_tables() -> None:
-    assert TABLES[-2:] == ("energy_jobs", "energy")
+    assert TABLES[-3:] == ("energy_jobs", "energy", "energy_per_work")
     assert callable(audit)
+
+
+def _work_rows() -> list[tuple[float, str, int, int | None, float | None]]:
+    # Job 5: two H100s at 400 W each; job 6: one A100 at 200 W; five samples each (4 covered
+    # intervals of 30 s per GPU, the first interval unknown).
+    rows = []
+    for k in range(5):
+        rows.append((30.0 * k, "gpu1", 0, 5, 400.0 * 30 * k))
+        rows.append((30.0 * k, "gpu1", 1, 5, 400.0 * 30 * k))
+        rows.append((30.0 * k, "gpu2", 0, 6, 200.0 * 30 * k))
+    return rows
+
+
+def test_energy_per_work_divides_measured_power_by_the_site_speed() -> None:
+    site = parse_site(LEVERS_SITE.read_text())
+    speeds = site_speeds(site)
+    # [levers.speed]: h100 train 3.0, a100 train 1.0; the slowest is the reference.
+    assert speeds[ALL_CLASSES] == {"h100": 3.0, "a100": 1.0}
+    assert speeds["train"] == {"h100": 3.0, "a100": 1.0}
+    jobs, _ = energy_tables(_jobs(), _samples(_work_rows()))
+    work = energy_per_work(jobs, speeds)
+    assert list(work.columns) == list(WORK_COLUMNS)
+    w = work.set_index(["class", "gpu_model"])
+    # H100: 400 W per covered GPU-hour, 3 reference GPU-hours of work per hour: 133.3 Wh.
+    assert w.loc[(ALL_CLASSES, "h100"), "wh_per_ref_gpu_hour"] == pytest.approx(400 / 3)
+    assert w.loc[(ALL_CLASSES, "a100"), "wh_per_ref_gpu_hour"] == pytest.approx(200.0)
+    assert w.loc[(ALL_CLASSES, "h100"), "reference"] == "a100"
+    assert w.loc[(ALL_CLASSES, "h100"), "coverage_pct"] == pytest.approx(80.0)
+    # Job 8 (H100, no samples) counts as a job but adds no covered time.
+    assert w.loc[(ALL_CLASSES, "h100"), "jobs"] == 2
+    # Per class where the class is a workload type of the speed table: train only.
+    assert w.loc[("train", "h100"), "wh_per_ref_gpu_hour"] == pytest.approx(400 / 3)
+    assert ("inference", "a100") not in w.index
+
+
+def test_a_model_without_a_speed_gets_a_note_not_a_figure() -> None:
+    jobs, _ = energy_tables(_jobs(), _samples(_work_rows()))
+    work = energy_per_work(jobs, {ALL_CLASSES: {"a100": 1.0}}).set_index("gpu_model")
+    assert math.isnan(work.loc["h100", "wh_per_ref_gpu_hour"])
+    assert "no speed for 'h100'" in work.loc["h100", "note"]
+    assert work.loc["a100", "wh_per_ref_gpu_hour"] == pytest.approx(200.0)
+    none = energy_per_work(jobs, {})
+    assert none["wh_per_ref_gpu_hour"].isna().all()
+    assert none["note"].str.contains("no speeds in the site file").all()
+    assert energy_per_work(jobs.iloc[:0], {}).empty

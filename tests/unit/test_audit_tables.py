@@ -210,7 +210,7 @@ def test_a_record_that_is_not_a_job_is_skipped_and_counted(site: Site, tmp_path:
 
 def test_refused_segments_make_the_result_partial(site: Site, data: tuple[Path, Path]) -> None:
     sacct, store = data
-    seg = next(iter((store / "gpu3").rglob("*.parquet")))
+    seg = next(iter((store / "gpu3").rglob("seg-*")))
     seg.write_bytes(seg.read_bytes()[:100])
     res = _run(site, sacct, store)
     assert res.partial and res.meta["store"]["refused"]["corrupt"] == 1
