@@ -125,6 +125,15 @@ class PlacementCore:
         info: npt.NDArray[np.int64],
     ) -> None:
         """Place requests in order, each consuming what it gets."""
+    def take(
+        self,
+        node: int,
+        gpus: npt.NDArray[np.int32],
+        fpgas: npt.NDArray[np.int32],
+        cores: npt.NDArray[np.int32],
+        mem: int,
+    ) -> None:
+        """Mark one node's devices, cores and memory busy (state and index)."""
     def evaluate(
         self,
         req: npt.NDArray[np.int64],

@@ -1565,6 +1565,66 @@ cdef class PlacementCore:
                     &terms_out[0] + node_off[r] * N_T, &info[r, 0],
                 )
 
+    def take(
+        self,
+        Py_ssize_t node,
+        const int32_t[::1] gpus not None,
+        const int32_t[::1] fpgas not None,
+        const int32_t[::1] cores not None,
+        int64_t mem,
+    ):
+        """Mark node-local devices, cores and memory of one node busy, in the state and the
+        index, as a core built from the same arrays with them marked busy would hold them.
+
+        For callers that take what a placement chose after adjusting it (the GPUs Slurm will
+        pick rather than the kernel's), where ``commit`` would take the kernel's choice. Busy
+        entries stay busy (taking one twice changes nothing); memory floors at 0; a node
+        outside the index (unavailable) stays outside it. The aggregates the kernels bound
+        with (per-row weights, watts, cores, load) depend on the static arrays only, so the
+        core answers every request as a freshly built one would.
+
+        Args:
+            node: node index, 0 <= node < N.
+            gpus, fpgas, cores: int32; node-local indices (within the node's counts).
+            mem: MiB to take (>= 0).
+
+        Raises:
+            ValueError: an index outside the node, or a negative ``mem`` (nothing is taken).
+        """
+        cdef str fn = "PlacementCore.take"
+        self._check_ready(fn)
+        _in_range(fn, "node", node, 0, self.n_nodes - 1)
+        _in_range(fn, "mem", mem, 0, (<int64_t>1) << 62)
+        cdef Py_ssize_t t, c
+        cdef Py_ssize_t ga = self.gpu_offsets[node], ng = self.gpu_offsets[node + 1] - ga
+        cdef Py_ssize_t fa = self.fpga_offsets[node], nf = self.fpga_offsets[node + 1] - fa
+        cdef Py_ssize_t ca = self.core_offsets[node], nc = self.core_offsets[node + 1] - ca
+        cdef Py_ssize_t da = self.numa_offsets[node]
+        for t in range(gpus.shape[0]):
+            _in_range(fn, "gpus[]", gpus[t], 0, ng - 1)
+        for t in range(fpgas.shape[0]):
+            _in_range(fn, "fpgas[]", fpgas[t], 0, nf - 1)
+        for t in range(cores.shape[0]):
+            _in_range(fn, "cores[]", cores[t], 0, nc - 1)
+        with nogil:
+            self._index_remove(node)
+            for t in range(gpus.shape[0]):
+                if self.gpu_free[ga + gpus[t]]:
+                    self.gpu_free[ga + gpus[t]] = 0
+                    self.gpu_free_count[node] -= 1
+            for t in range(fpgas.shape[0]):
+                if self.fpga_free[fa + fpgas[t]]:
+                    self.fpga_free[fa + fpgas[t]] = 0
+                    self.fpga_free_count[node] -= 1
+            for t in range(cores.shape[0]):
+                c = ca + cores[t]
+                if self.core_free[c]:
+                    self.core_free[c] = 0
+                    self.numa_free[da + self.core_numa[c]] -= 1
+            self.mem_free[node] = self.mem_free[node] - mem if self.mem_free[node] > mem else 0
+            if self.available[node]:
+                self._index_insert(node)
+
     def evaluate(
         self,
         const int64_t[::1] req not None,

@@ -502,6 +502,20 @@ class ClusterModel:
             self._cache["empty"] = cached
         return cached
 
+    def with_core(self, state: StateArrays, core: PlacementCore) -> ClusterModel:
+        """The same cluster with ``state`` and ``core`` already holding it, unchecked: for a
+        caller that takes resources from one core (:meth:`PlacementCore.take`) and from
+        copies of this model's state arrays alike, rather than build a model and a core per
+        change (relax's batch path). ``state`` must be this model's arrays with entries
+        marked busy (read-only). The caches that depend on the static arrays and scope only
+        (node index, largest node, the empty cluster and its answers) are shared; the live
+        state is not carried, as :meth:`with_arrays` does not carry it."""
+        if self.names:
+            self.node_index(self.names[0])  # builds the shared index once
+        cache = {k: v for k, v in self._cache.items() if k in ("index", "largest", "empty")}
+        cache["core"] = core
+        return replace(self, state=state, _cache=cache)
+
     def with_arrays(self, state: StateArrays) -> ClusterModel:
         """The same cluster with ``state`` applied (checked for shape, dtype and range).
 

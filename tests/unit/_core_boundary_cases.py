@@ -19,7 +19,7 @@ import numpy as np
 Case = tuple[str, str, Callable[[], object]]
 
 KERNELS = ("choose_gpus", "choose_gpus_batch", "PlacementCore", "place", "place_batch",
-           "evaluate", "static_fit")
+           "evaluate", "static_fit", "take")
 
 
 def _i32(*v: int) -> Any:
@@ -375,6 +375,52 @@ def _static_fit(core: Any, model: Any) -> list[Case]:
     ]
 
 
+def _take(core: Any, model: Any) -> list[Case]:
+    pc = model.new_core()
+    none = _i32()
+
+    def call(node: int = 0, gpus: Any = None, fpgas: Any = none, cores: Any = None,
+             mem: int = 1024) -> object:
+        return pc.take(node, _i32(0, 1) if gpus is None else gpus, fpgas,
+                       _i32(0) if cores is None else cores, mem)
+
+    def blank() -> object:
+        raw = core.PlacementCore.__new__(core.PlacementCore)
+        return raw.take(0, none, none, none, 0)
+
+    def valid() -> object:
+        call()
+        st = pc.state()
+        return (int(st["gpu_free"][:8].sum()), int(st["core_free"][:8].sum()),
+                int(st["mem_free"][0]))
+
+    return [
+        ("node past the last", "ValueError: PlacementCore.take: node is 3, must be in [0, 2]",
+         lambda: call(node=3)),
+        ("negative node", "ValueError: PlacementCore.take: node is -1, must be in [0, 2]",
+         lambda: call(node=-1)),
+        ("GPU past the node's eight",
+         "ValueError: PlacementCore.take: gpus[] is 8, must be in [0, 7]",
+         lambda: call(gpus=_i32(0, 8))),
+        # Node 0 has no FPGA: any FPGA index is outside it.
+        ("FPGA on a node without one",
+         "ValueError: PlacementCore.take: fpgas[] is 0, must be in [0, -1]",
+         lambda: call(fpgas=_i32(0))),
+        ("core past the node's eight",
+         "ValueError: PlacementCore.take: cores[] is 8, must be in [0, 7]",
+         lambda: call(cores=_i32(8))),
+        ("negative memory",
+         "ValueError: PlacementCore.take: mem is -1, must be in [0, 4611686018427387904]",
+         lambda: call(mem=-1)),
+        ("core never built",
+         "ValueError: PlacementCore.take: the PlacementCore was never built (its __init__ "
+         "failed)",
+         blank),
+        # The refusals took nothing: only this call's two GPUs, one core and 1 GiB are gone.
+        ("valid call after the refusals", "returned (6, 7, 64512)", valid),
+    ]
+
+
 def cases(kernel: str) -> list[Case]:
     """The cases of one kernel (name, expected outcome, call)."""
     import hetslurm._core as core
@@ -385,7 +431,7 @@ def cases(kernel: str) -> list[Case]:
         return _choose_gpus_batch(core)
     model = _model()
     table = {"PlacementCore": _placement_core, "place": _place, "place_batch": _place_batch,
-             "evaluate": _evaluate, "static_fit": _static_fit}
+             "evaluate": _evaluate, "static_fit": _static_fit, "take": _take}
     return table[kernel](core, model)
 
 

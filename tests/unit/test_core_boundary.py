@@ -50,11 +50,11 @@ def test_every_python_entry_point_is_covered() -> None:
     public = {n for n in dir(core) if not n.startswith("_") and callable(getattr(core, n))}
     methods = {n for n in vars(core.PlacementCore) if not n.startswith("_")}
     assert public == {"GpuChooser", "PlacementCore", "choose_gpus", "choose_gpus_batch"}
-    assert {"place", "place_batch", "evaluate", "static_fit"} <= methods
+    assert {"place", "place_batch", "evaluate", "static_fit", "take"} <= methods
     # GpuChooser has no Python-level method; state()/index_buckets() only read the core's
     # own arrays (their "never built" refusal is a PlacementCore case).
     assert not {n for n in vars(core.GpuChooser) if not n.startswith("_")} - {"capacity"}
-    assert methods - {"place", "place_batch", "evaluate", "static_fit"} <= {
+    assert methods - {"place", "place_batch", "evaluate", "static_fit", "take"} <= {
         "state", "index_buckets", "fpga_index_buckets", "n_nodes", "n_gpu_models",
         "n_fpga_models", "n_switches", "max_gpus", "max_numa", "max_fpgas",
     }
