@@ -475,7 +475,7 @@ def apply_rollback(backend: SlurmBackend, steps: Sequence[RollbackStep], pol: He
 
 # ------------------------------------------------------------------ samples
 def read_health_samples(store: str | None, site: Site | None, rules: H.HealthRules,
-                        now: float) -> tuple[list[dict[str, Any]], list[str]]:
+                        now: float) -> tuple[Any, list[str]]:
     """The rule columns of the last ``rules.window_s`` from the store; a missing store or a
     refused segment becomes a problem (fewer samples only make devices unknown)."""
     from pathlib import Path
@@ -484,25 +484,37 @@ def read_health_samples(store: str | None, site: Site | None, rules: H.HealthRul
     from hetslurm.metrics.store import SegmentStore
 
     if not store or not Path(store).is_dir():
-        return [], [f"no metrics store at {store!r}: every device is unknown"]
+        return None, [f"no metrics store at {store!r}: every device is unknown"]
     cols = [c for c in H.COLUMNS if c in COLUMNS]
     frame, report = SegmentStore.of_site(store, site).read(now - rules.window_s, now,
                                                           columns=cols)
     problems = []
     if report.partial:
         problems.append(f"{sum(report.refused.values())} segment(s) refused")
-    return H.frame_rows(frame), problems
+    return frame, problems
 
 
-def rows_in_window(samples: Any, rules: H.HealthRules, now: float) -> list[dict[str, Any]]:
-    """Rows of an in-memory sample frame (or list of dicts) inside the health window."""
+def rows_in_window(samples: Any, rules: H.HealthRules, now: float) -> Any:
+    """The samples of an in-memory frame (or list of row dicts) inside the health window,
+    of the same kind."""
     if samples is None:
         return []
     if isinstance(samples, list):
         lo = now - rules.window_s
         return [r for r in samples if lo <= float(r["time"]) <= now]
-    frame = samples[(samples["time"] >= now - rules.window_s) & (samples["time"] <= now)]
-    return H.frame_rows(frame)
+    if len(samples) == 0:
+        return samples
+    return samples[(samples["time"] >= now - rules.window_s) & (samples["time"] <= now)]
+
+
+def judge_samples(samples: Any, rules: H.HealthRules, now: float) -> dict[str, H.NodeHealth]:
+    """Verdicts of a frame (vectorised, :func:`~hetslurm.policy.health.judge_frame`) or of
+    row dicts (:func:`~hetslurm.policy.health.judge`): the same rules either way."""
+    if samples is None:
+        return {}
+    if isinstance(samples, list):
+        return H.judge(samples, rules, now)
+    return H.judge_frame(samples, rules, now)
 
 
 def expected_gpus(site: Site | None) -> dict[str, int]:
@@ -542,7 +554,7 @@ def health_pass(backend: SlurmBackend, site: Site | None, log: ActionLog, *, app
         if store is None and site is not None and site.sections.get("collector") is not None:
             store = site.sections["collector"].store
         rows, problems = read_health_samples(store, site, pol.rules, now)
-    verdicts = H.judge(rows, pol.rules, now)
+    verdicts = judge_samples(rows, pol.rules, now)
     nodes = backend.nodes() if nodes is None else nodes
     jobs = backend.jobs() if jobs is None else jobs
     plan = plan_health(nodes, jobs, verdicts, pol, log.entries("action", now=now),

@@ -61,6 +61,8 @@ class RebalanceRequest:
     lock_file: str | None = None
     budget_s: float | None = None
     phases: tuple[str, ...] | None = None
+    #: The read cache's path ("" for none); None: the site's ``[rebalance] read_cache``.
+    read_cache: str | None = None
 
 
 @dataclass
@@ -305,6 +307,18 @@ def _run(backend: SlurmBackend, req: RebalanceRequest, site: Site, pol: Rebalanc
     return res
 
 
+def read_cache_of(req: RebalanceRequest, site: Site) -> str:
+    """The read cache's path ("": none): the request's, else ``[rebalance] read_cache``,
+    else ``rebalance-window.arrow`` beside the run lock."""
+    if req.read_cache is not None:
+        return req.read_cache
+    pol = policy_of(site)
+    if pol.read_cache is not None:
+        return pol.read_cache
+    lock = req.lock_file or pol.lock_file
+    return str(Path(lock).parent / "rebalance-window.arrow")
+
+
 def _store_of(req: RebalanceRequest, site: Site) -> str | None:
     """The metrics store: ``--store``, else the site's ``[collector] store``."""
     coll = site.sections.get("collector")
@@ -334,7 +348,9 @@ def _read_once(req: RebalanceRequest, site: Site, readers: Sequence[str], now: f
         since = min(since, now - rules_of(site).window_s)
         cols |= {"time", "node", "slurm_index", "status", "utilization_pct"}
     store = _store_of(req, site)
-    samples, problems = read_samples(store, site, since, now, columns=tuple(sorted(cols)))
+    cache = read_cache_of(req, site)
+    samples, problems = read_samples(store, site, since, now, columns=tuple(sorted(cols)),
+                                     cache=cache or None)
     res.problems.extend(problems)
     return samples
 

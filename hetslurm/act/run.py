@@ -50,17 +50,24 @@ def context_for(site: Site | None) -> Context:
 
 
 def read_samples(store: str | None, site: Site | None, since: float, until: float, *,
-                 columns: Sequence[str] = STALL_COLUMNS) -> tuple[Any, list[str]]:
+                 columns: Sequence[str] = STALL_COLUMNS, cache: str | None = None
+                 ) -> tuple[Any, list[str]]:
     """Samples of the window from the store; refusals become problems (fewer samples can
-    only make a job look less idle: unknown is never idle)."""
+    only make a job look less idle: unknown is never idle). ``cache``: the path of a read
+    cache (:mod:`hetslurm.metrics.window_cache`) for a read that recurs."""
     from hetslurm.metrics.store import SegmentStore, empty_frame
+    from hetslurm.metrics.window_cache import WindowCache
 
     if not store or not Path(store).is_dir():
         return empty_frame(), [f"no metrics store at {store!r}: no job can be judged idle"]
-    frame, report = SegmentStore.of_site(store, site).read(since, until, columns=columns)
-    problems = []
+    cols = list(dict.fromkeys(["time", "node", *columns]))
+    wc = WindowCache(cache, store, cols) if cache else None
+    frame, report = SegmentStore.of_site(store, site).read(since, until, columns=cols,
+                                                           cache=wc)
+    problems = list(report.problems) if wc is not None and not report.partial else []
     if report.partial:
         problems.append(f"{sum(report.refused.values())} segment(s) refused")
+        problems.extend(p for p in report.problems if p.startswith("read cache"))
     return frame, problems
 
 

@@ -354,7 +354,10 @@ def bench_rebalance_cmd(jobs: int, interval_s: float, segments_per_node: int,
     The state (docs/act.md#benchmark): JOBS running 1-GPU jobs on 8-GPU nodes, an hour of
     samples each, pending #HET jobs; the pass runs every phase in a child process.
     Reports jobs, seconds (target 10), peak_rss_mb, phase_seconds and speedup against the
-    per-job way (one metrics store read per job, timed on a sample and scaled).
+    per-job way (one metrics store read per job, timed on a sample and scaled), and
+    relax_batch: every pending job's relax plan the sequential and the batch way side by
+    side (batch_s, sequential_s, ratio, threads; target: batch <= 1 s and faster), failing
+    if they decide differently.
     """
     from hetslurm.lab.bench_rebalance import bench_rebalance
 

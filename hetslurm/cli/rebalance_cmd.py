@@ -44,6 +44,10 @@ if TYPE_CHECKING:
               multiple=True, help="Run only these phases (repeatable) [default: the site's].")
 @click.option("--skip-health", is_flag=True,
               help="Do not run the device-health phase (no drain, no undrain) this time.")
+@click.option("--read-cache", "read_cache", type=click.Path(dir_okay=False), default=None,
+              help="The store read's cache: segments the last pass read are not opened "
+                   "again; '' for none [default: [rebalance] read_cache, else "
+                   "rebalance-window.arrow beside the run lock].")
 @testbed_target_option
 @conf_dir_option(site_key="[rebalance] conf_dir")
 @backend_option(default="cli")
@@ -51,8 +55,9 @@ if TYPE_CHECKING:
 @click.pass_context
 def rebalance(ctx: click.Context, site_file: str | None, apply_: bool, store: str | None,
               action_log: str | None, lock_file: str | None, budget_s: float | None,
-              only: tuple[str, ...], skip_health: bool, testbed_dir: str | None,
-              conf_dir: str | None, backend: str, output_format: str) -> None:
+              only: tuple[str, ...], skip_health: bool, read_cache: str | None,
+              testbed_dir: str | None, conf_dir: str | None, backend: str,
+              output_format: str) -> None:
     """One cron tick: drain sick GPU nodes, requeue stalled GPU jobs, move node weights by
     measured load, relax long-pending jobs, report drift.
 
@@ -105,7 +110,7 @@ def rebalance(ctx: click.Context, site_file: str | None, apply_: bool, store: st
 
             phases = tuple(p for p in (only or PHASES) if p != "health")
         _run(path, text, lock, apply_, store, action_log, budget_s, phases, testbed_dir,
-             conf_dir, backend, output_format)
+             conf_dir, backend, output_format, read_cache)
     finally:
         if lock is not None:
             lock.release()
@@ -128,7 +133,8 @@ def _lock_file(site_text: str) -> str:
 
 def _run(path: str, text: str, lock: RunLock | None, apply_: bool, store: str | None,
          action_log: str | None, budget_s: float | None, only: tuple[str, ...] | None,
-         testbed_dir: str | None, conf_dir: str | None, backend: str, output_format: str) -> None:
+         testbed_dir: str | None, conf_dir: str | None, backend: str, output_format: str,
+         read_cache: str | None = None) -> None:
     from hetslurm.act.drift import live_target
     from hetslurm.act.output_mode import SlurmOutputProbe
     from hetslurm.act.rebalance import RebalanceRequest, policy_of
@@ -145,7 +151,7 @@ def _run(path: str, text: str, lock: RunLock | None, apply_: bool, store: str | 
                               live=lambda: live_target(conf_dir or pol.conf_dir,
                                                        pol.whole_conf, env))
     req = RebalanceRequest(apply=apply_, store=store, action_log=action_log,
-                           budget_s=budget_s, phases=only)
+                           budget_s=budget_s, phases=only, read_cache=read_cache)
     result = run(get_backend(backend, env=env), req, site, target=target,
                  output_probe=SlurmOutputProbe(env), env=env,
                  lock=lock)

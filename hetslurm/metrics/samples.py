@@ -6,6 +6,7 @@ sample is *unknown* (never idle): ``ok`` is the only status whose utilization co
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,8 +117,10 @@ class GpuReading:
     error: str | None = None
 
 
+@functools.cache
 def arrow_schema() -> Any:
-    """The store's ``pyarrow.Schema`` (pyarrow imported here, not at module import)."""
+    """The store's ``pyarrow.Schema`` (pyarrow imported here, not at module import; built
+    once: a schema is immutable)."""
     import pyarrow as pa
 
     types = {"float64": pa.float64(), "float32": pa.float32(), "string": pa.string(),

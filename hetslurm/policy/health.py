@@ -237,6 +237,96 @@ def judge(rows: Iterable[Mapping[str, Any]], rules: HealthRules, now: float
     return out
 
 
+def judge_frame(frame: Any, rules: HealthRules, now: float) -> dict[str, NodeHealth]:
+    """:func:`judge` of a sample DataFrame, the same verdicts, vectorised.
+
+    A device whose samples *cannot* make it anything but healthy is judged on columns:
+    its latest sample is fresh, its status neither unknown, error, lost nor missing, no
+    sample of the window carries an XID, its latest ECC count is below the limit or
+    unread, and its latest throttle reasons name no counted reason (so no throttle spell
+    can end at it). Every other device (at most the few that are unknown or unhealthy)
+    goes through :func:`judge_device` row by row. Both sort a device's samples by time,
+    stably, so the "latest" sample is the same one."""
+    import numpy as np
+    import pandas as pd
+
+    if frame is None or len(frame) == 0:
+        return {}
+    have = [c for c in COLUMNS if c in frame.columns]
+    f = frame[have]
+    idx = pd.to_numeric(f["slurm_index"], errors="coerce") if "slurm_index" in have else None
+    time = pd.to_numeric(f["time"], errors="coerce")
+    if idx is None or "node" not in have:
+        return {}
+    keep = idx.notna() & f["node"].notna() & time.notna() & (time <= now)
+    if not keep.all():
+        f, idx, time = f[keep], idx[keep], time[keep]
+    if not len(f):
+        return {}
+    order = np.argsort(time.to_numpy(dtype="float64"), kind="stable")
+    f = f.iloc[order].reset_index(drop=True)
+    time = time.iloc[order].reset_index(drop=True)
+    idx = idx.iloc[order].reset_index(drop=True).astype("int64")
+    node = f["node"].astype(str)
+    key = pd.MultiIndex.from_arrays([node, idx], names=["node", "slurm_index"])
+    last_pos = pd.Series(np.arange(len(f)), index=key).groupby(level=[0, 1], sort=True).last()
+    last = f.iloc[last_pos.to_numpy()].reset_index(drop=True)
+    t_last = time.iloc[last_pos.to_numpy()].to_numpy(dtype="float64")
+
+    def text_flags(col: Any, test: Any) -> Any:
+        """``test`` of each distinct text once (few distinct values), per row."""
+        codes, uniques = pd.factorize(col.astype(object), use_na_sentinel=True)
+        flags = np.array([bool(test(v)) for v in uniques] + [False], dtype=bool)
+        return flags[codes]  # a missing value (code -1) takes the last flag: False
+
+    clear = now - t_last <= rules.stale_s
+    if "status" in have:
+        clear &= ~text_flags(last["status"], lambda v: _value({"v": v}, "v") is not None
+                             and str(v) in (UNKNOWN_STATUSES | GONE_STATUSES))
+    if "ecc_uncorrectable" in have:
+        ecc = pd.to_numeric(last["ecc_uncorrectable"], errors="coerce").to_numpy("float64")
+        clear &= np.isnan(ecc) | (ecc < rules.ecc_uncorrectable_max)
+    if "throttle_reasons" in have:
+        def counted(v: Any) -> bool:
+            text = _value({"v": v}, "v")
+            return text is not None and bool(
+                {w.strip() for w in str(text).split(",")} & rules.throttle_reasons)
+        clear &= ~text_flags(last["throttle_reasons"], counted)
+    if "xid" in have:
+        with_xid = pd.to_numeric(f["xid"], errors="coerce").notna().to_numpy()
+        dev_xid = (pd.Series(with_xid, index=key).groupby(level=[0, 1], sort=True).any()
+                   .to_numpy(dtype=bool))
+        clear &= ~dev_xid
+    # minor and model: the latest value that is there (groupby's last skips missing ones).
+    extra = [c for c in ("minor", "gpu_model") if c in have]
+    lasts = (f[extra].set_axis(key).groupby(level=[0, 1], sort=True).last()
+             if extra else None)
+    out: dict[str, NodeHealth] = {}
+    devices: dict[str, list[DeviceVerdict]] = {}
+    keys = last_pos.index
+    slow = np.flatnonzero(~clear)
+    slow_rows: dict[tuple[str, int], list[Mapping[str, Any]]] = {}
+    if len(slow):
+        pick = key.isin(keys[slow])
+        for r in f[pick].astype(object).to_dict("records"):
+            slow_rows.setdefault((str(r["node"]), int(r["slurm_index"])), []).append(r)
+    minors = lasts["minor"].tolist() if lasts is not None and "minor" in extra else None
+    models = lasts["gpu_model"].tolist() if lasts is not None and "gpu_model" in extra \
+        else None
+    for k, (n, i) in enumerate(keys):
+        if clear[k]:
+            minor = _int(_value({"v": minors[k]}, "v")) if minors is not None else None
+            model = _value({"v": models[k]}, "v") if models is not None else None
+            v = DeviceVerdict(n, int(i), minor, None if model is None else str(model),
+                              HEALTHY, (), "", float(t_last[k]))
+        else:
+            v = judge_device(n, int(i), slow_rows[(n, int(i))], rules, now)
+        devices.setdefault(n, []).append(v)
+    for n, devs in devices.items():
+        out[n] = NodeHealth(n, tuple(devs))
+    return out
+
+
 def frame_rows(frame: Any) -> list[dict[str, Any]]:
     """A sample DataFrame's rows as dicts with the rule columns (absent ones None)."""
     if frame is None or len(frame) == 0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 from hetslurm.site.schema import NodeClass, Partition, Scheduling, Switch
@@ -118,11 +119,13 @@ class Site:
     def default_partition(self) -> str | None:
         return next((n for n, p in self.partitions.items() if p.spec.default), None)
 
+    @cached_property
+    def _node_index(self) -> dict[str, NodeSpec]:
+        return {n.name: n for n in self.nodes}
+
     def node(self, name: str) -> NodeSpec:
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise KeyError(name)
+        """The node called ``name`` (KeyError when the site has none)."""
+        return self._node_index[name]
 
     def gpu_models(self) -> tuple[str, ...]:
         """GPU models in the site's preference order (unlisted ones after, by name)."""

@@ -140,8 +140,22 @@ def _mig_cap_files(site: Site, node: NodeSpec, runtime: Runtime | None) -> list[
     return out
 
 
+#: The last site digested and its digest: one render writes it into several headers.
+_last_digest: tuple[Site, str] | None = None
+
+
 def site_digest(site: Site) -> str:
-    """A short digest of what rendering depends on, written into every file's header."""
+    """A short digest of what rendering depends on, written into every file's header
+    (remembered for the last site object: a Site is immutable)."""
+    global _last_digest
+    if _last_digest is not None and _last_digest[0] is site:
+        return _last_digest[1]
+    digest = _site_digest(site)
+    _last_digest = (site, digest)
+    return digest
+
+
+def _site_digest(site: Site) -> str:
     h = hashlib.sha256()
     for node in site.nodes:
         h.update(repr((node.name, node.spec, node.features, node.weight,

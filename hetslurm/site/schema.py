@@ -319,6 +319,10 @@ class Rebalance(_Strict):
     time_budget_s: Annotated[StrictInt, Field(ge=1, le=86400)] = 240
     #: The run lock (a second run exits at once); must differ from ``[stall] lock_file``.
     lock_file: str = "/run/hetslurm/rebalance.lock"
+    #: The read cache of the pass's store read (docs/act.md#read-cache): segments the last
+    #: pass read are taken from it instead of being opened again. Default: the file
+    #: ``rebalance-window.arrow`` in ``lock_file``'s folder; "" turns it off.
+    read_cache: str | None = None
     #: Action log for relaxations; default: ``[stall] action_log`` (one log for all acts).
     action_log: str | None = None
     #: The parts, in the order they run; each can be switched off (``health``: ``[health]``,
@@ -339,6 +343,15 @@ class Rebalance(_Strict):
     pending_reasons: tuple[str, ...] = ("Resources", "Priority", "None")
     #: At most this many jobs relaxed per run.
     max_relax_per_run: Annotated[StrictInt, Field(ge=0, le=10_000)] = 20
+    #: Place the relax phase's jobs in batch (docs/act.md#relax-in-batch): waves against one
+    #: snapshot, placed again only where an earlier job took a node the answer reads, the
+    #: state kept by taking from one core; the same decisions as one after another (false:
+    #: that, the reference path, rebuilding the model after every take).
+    relax_batch: StrictBool = True
+    #: Threads that place a batch wave, the GIL released in the kernel (the rest of an answer
+    #: is Python). 1 by default: a second thread gains at most about 15 % with a core to
+    #: spare and lost up to 2.5x on a busy 2-CPU box (docs/act.md#relax-in-batch).
+    relax_threads: Annotated[StrictInt, Field(ge=1, le=256)] = 1
     #: Seconds to wait for Slurm to show an edited job with its new request.
     verify_timeout_s: Annotated[StrictFloat | StrictInt, Field(gt=0, le=600)] = 10
     #: The live Slurm configuration folder for the drift report (default: the folder of

@@ -419,3 +419,67 @@ def test_help_teaches_with_examples() -> None:
         assert "hetslurm rebalance rollback --to" in res.output
     res = CliRunner().invoke(cli, ["rebalance", "--apply", "rollback"])
     assert res.exit_code == 2 and "--apply belong after 'rollback'" in res.output
+
+
+# ------------------------------------------------------------------ the vectorised judge
+def _random_frame(rng: Any, n: int) -> Any:
+    import pandas as pd
+
+    recs = []
+    for _ in range(n):
+        recs.append({
+            "time": rng.choice([NOW - 400, NOW - 300, NOW - 100, NOW - 50, NOW - 10, NOW - 5,
+                                NOW, NOW + 1, float("nan")]),
+            "node": rng.choice(["a", "b", "c", None]),
+            "slurm_index": rng.choice([0, 1, 2, None, 1.0]),
+            "minor": rng.choice([None, 128.0, 129.0]),
+            "gpu_model": rng.choice([None, "h100", "a100"]),
+            "status": rng.choice(["ok", "ok", "ok", "lost", "unknown", "error", None,
+                                  "missing"]),
+            "throttle_reasons": rng.choice(["", "", "gpu_idle", "hw_slowdown",
+                                            "hw_slowdown,gpu_idle", None]),
+            "ecc_uncorrectable": rng.choice([0, 0, 0, 1, 3, None]),
+            "xid": rng.choice([None] * 6 + [48, 13])})
+    f = pd.DataFrame(recs)
+    for c in ("node", "gpu_model", "status", "throttle_reasons"):
+        f[c] = f[c].astype("category")
+    f["xid"] = f["xid"].astype("Int32")
+    f["ecc_uncorrectable"] = f["ecc_uncorrectable"].astype("Int64")
+    f["slurm_index"] = f["slurm_index"].astype("float64")
+    return f
+
+
+def test_the_vectorised_judge_gives_the_row_judges_verdicts() -> None:
+    """judge_frame takes a column path for devices that can only be healthy and the row
+    path for the rest: on random frames (nulls, NaN times, every status, XIDs in and out
+    of the list, counted and uncounted throttle reasons, each rule on or off) it answers
+    exactly what judge answers on the same rows."""
+    import random
+
+    rng = random.Random(5)
+    fast = slow = 0
+    for _ in range(300):
+        f = _random_frame(rng, rng.randint(1, 60))
+        rules = H.HealthRules(throttle_persist_s=rng.choice([0, 50, 300]),
+                              stale_s=rng.choice([5, 90, 1000]),
+                              rules=tuple(rng.sample(H.RULES, rng.randint(0, 4))))
+        want = H.judge(H.frame_rows(f), rules, NOW)
+        assert H.judge_frame(f, rules, NOW) == want
+        for nh in want.values():
+            for d in nh.devices:
+                fast += d.verdict == H.HEALTHY
+                slow += d.verdict != H.HEALTHY
+    assert fast > 50 and slow > 50  # both paths were taken
+
+
+def test_health_pass_judges_a_frame_as_it_judges_rows(tmp_path: Path) -> None:
+    import pandas as pd
+
+    samples = healthy("g1") + rows("g2", 0, ecc_uncorrectable=3) + rows("g2", 1)
+    back = FakeSlurm(nodes=[node("g1"), node("g2", n=2)])
+    by_rows = health_pass(back, None, log_at(tmp_path), apply=False, now=NOW,
+                          samples=samples, policy=DRAIN)
+    by_frame = health_pass(back, None, log_at(tmp_path), apply=False, now=NOW,
+                           samples=pd.DataFrame(samples), policy=DRAIN)
+    assert by_rows.plan.to_dict() == by_frame.plan.to_dict()
+    assert [d.node for d in by_frame.plan.decisions if d.action == "drain"] == ["g2"]

@@ -23,13 +23,26 @@ from typing import Any
 import pytest
 
 from hetslurm.errors import MetricsError
-from hetslurm.metrics.samples import COLUMNS, arrow_schema
+from hetslurm.metrics.samples import CATEGORICAL, COLUMNS, arrow_schema
 from hetslurm.metrics.store import SegmentStore, day_of
 from hetslurm.policy.stall import idle_evidence
 from hetslurm.site.schema import Usage
 
 T0 = 1_796_000_000.0
 NODE = "gpu1"
+#: The format :func:`forge` writes in: every case runs once per segment format the store
+#: reads (a collector's small segments are Arrow IPC, compacted ones Parquet). "arrow" is
+#: the store's own Arrow layout (text dictionary-encoded, one record batch), which the read
+#: checks on all segments at once; "arrow-plain" plain text columns, read one by one.
+_FORMAT = {"suffix": ".parquet", "layout": "parquet"}
+
+
+@pytest.fixture(autouse=True, params=["parquet", "arrow", "arrow-plain"])
+def segment_format(request: pytest.FixtureRequest) -> Any:
+    _FORMAT.update(suffix=".parquet" if request.param == "parquet" else ".arrow",
+                   layout=request.param)
+    yield request.param
+    _FORMAT.update(suffix=".parquet", layout="parquet")
 
 
 def rows(n: int = 10, gpus: int = 2, *, t0: float = T0, step: float = 30.0,
@@ -52,6 +65,7 @@ def forge(root: Path, table: Any, name_t0: float | None = None,
           name_t1: float | None = None, tag: str = "x") -> Path:
     """Write ``table`` as a segment of NODE the way a hostile user with write access to the
     folder would (no store code), named for its time range unless told otherwise."""
+    import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -60,8 +74,20 @@ def forge(root: Path, table: Any, name_t0: float | None = None,
         name_t0, name_t1 = mm["min"].as_py(), mm["max"].as_py()
     folder = root / NODE / day_of(name_t0)
     folder.mkdir(parents=True, exist_ok=True)
-    p = folder / f"seg-{round(name_t0 * 1000)}-{round(name_t1 * 1000)}-forger-1-1-{tag}.parquet"
-    pq.write_table(table, p)
+    suffix = _FORMAT["suffix"]
+    p = folder / f"seg-{round(name_t0 * 1000)}-{round(name_t1 * 1000)}-forger-1-1-{tag}{suffix}"
+    if suffix == ".arrow":
+        if _FORMAT["layout"] == "arrow":
+            # As the store writes it: text columns dictionary-encoded, one record batch.
+            table = table.combine_chunks()
+            for i, f in enumerate(table.schema):
+                if f.name in CATEGORICAL and pa.types.is_string(f.type):
+                    table = table.set_column(i, pa.field(f.name, pa.dictionary(
+                        pa.int32(), pa.string())), table.column(i).dictionary_encode())
+        with pa.ipc.new_file(p, table.schema) as w:
+            w.write_table(table)
+    else:
+        pq.write_table(table, p)
     return p
 
 
@@ -102,6 +128,7 @@ def test_every_truncation_of_a_segment_is_corrupt_and_kept(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("payload", [b"", b"PAR1", b"PAR1" + b"\x00" * 64 + b"PAR1",
+                                     b"ARROW1", b"ARROW1\x00\x00" + b"\xff" * 64 + b"ARROW1",
                                      os.urandom(4096), b"\xff" * 100])
 def test_garbage_bytes_are_corrupt(tmp_path: Path, payload: bytes) -> None:
     p = forge(tmp_path, table_of(rows()))
@@ -344,4 +371,4 @@ def test_seeded_segments_meet_their_oracle(tmp_path: Path, seed: int) -> None:
         else:
             assert refused == 0 and len(frame) == n, (cls, rep.problems)
             assert rep.duplicates_dropped == 0
-        assert any((root / NODE).rglob("*.parquet"))  # a refusal deletes nothing
+        assert any((root / NODE).rglob(f"*{_FORMAT['suffix']}"))  # a refusal deletes nothing

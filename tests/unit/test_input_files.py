@@ -111,6 +111,10 @@ NOT_INPUT = {
     # hetslurm's own cache: a version-checked JSON document, ignored (and said so) when it
     # cannot be read, never an error (hetslurm/audit/scripts.py).
     ("learn speeds", "--script-cache"), ("advise", "--script-cache"),
+    # The rebalance read cache: opened with O_NOFOLLOW and checked on its descriptor, a
+    # miss (said among the problems) when doubtful, never an error (metrics/window_cache.py,
+    # tests/unit/test_window_cache.py).
+    ("rebalance", "--read-cache"),
     # Scripts are passed on as bytes (Slurm does); see test_explain_script_* below.
     ("explain", "JOB_SCRIPT"),
     # A sacct JSON file is read as bytes and judged as sacct's output; see below.

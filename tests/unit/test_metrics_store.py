@@ -52,6 +52,22 @@ def test_writers_leave_no_partial_files_and_temp_files_are_ignored(tmp_path: Pat
     assert st.write("gpu1", []) is None
 
 
+def _table(path: Path) -> Any:
+    """A segment file as an Arrow table, whichever format it is in."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.suffix == ".arrow":
+        return pa.ipc.open_file(path).read_all()
+    return pq.read_table(path)
+
+
+def _files(folder: Path, kind: str = "") -> list[Path]:
+    """The segment files under ``folder`` (of one kind: seg or cmp), any format."""
+    return [p for p in folder.rglob(f"{kind}*") if p.is_file() and p.suffix in (
+        ".arrow", ".parquet") and not p.name.startswith(".")]
+
+
 def _good(st: SegmentStore) -> Path:
     p = st.write("gpu1", rows("gpu1", T0, 4))
     assert p is not None
@@ -61,9 +77,9 @@ def _good(st: SegmentStore) -> Path:
 def test_symlinked_segment_is_refused(tmp_path: Path) -> None:
     st = SegmentStore(tmp_path / "store")
     good = _good(st)
-    elsewhere = tmp_path / "elsewhere.parquet"
+    elsewhere = tmp_path / f"elsewhere{good.suffix}"
     elsewhere.write_bytes(good.read_bytes())
-    link = good.parent / good.name.replace("seg-", "seg-").replace(".parquet", "-x.parquet")
+    link = good.with_name(f"{good.stem}-x{good.suffix}")
     link.symlink_to(elsewhere)
     frame, rep = st.read()
     assert rep.refused["symlink"] == 1 and rep.partial and len(frame) == 8
@@ -95,11 +111,13 @@ def test_truncated_and_corrupt_segments_are_refused_and_kept(tmp_path: Path) -> 
     assert b is not None
     data = a.read_bytes()
     a.write_bytes(data[: len(data) // 2])
-    c = b.parent / b.name.replace(".parquet", "0.parquet")
-    c.write_bytes(b"not parquet at all")
+    c = b.with_name(f"{b.stem}0{b.suffix}")
+    c.write_bytes(b"not an Arrow file at all")
+    d = b.with_name(f"{b.stem}1.parquet")
+    d.write_bytes(b"not parquet at all")
     frame, rep = st.read()
-    assert rep.refused["corrupt"] == 2 and len(frame) == 8
-    assert a.exists() and c.exists()  # refused segments are never deleted
+    assert rep.refused["corrupt"] == 3 and len(frame) == 8
+    assert a.exists() and c.exists() and d.exists()  # refused segments are never deleted
 
 
 def test_forged_segments_are_refused(tmp_path: Path) -> None:
@@ -134,7 +152,7 @@ def test_compaction_merges_and_loses_nothing(tmp_path: Path) -> None:
     stats = st.compact(older_than_s=60, now=T0 + 1000)
     assert stats["merged"] == 6 and stats["written"] == 1 and not stats["refused"]
     after, rep = st.read()
-    assert len(list((tmp_path / "gpu1").rglob("*.parquet"))) == 1
+    assert len(_files(tmp_path / "gpu1")) == 1
     cols = ["time", "minor", "utilization_pct"]
     assert after[cols].sort_values(cols).reset_index(drop=True).equals(
         before[cols].sort_values(cols).reset_index(drop=True))
@@ -145,7 +163,7 @@ def test_compaction_keeps_refused_segments(tmp_path: Path) -> None:
     st = SegmentStore(tmp_path)
     for k in range(3):
         st.write("gpu1", rows("gpu1", T0 + 10 * k, 5))
-    bad = next(iter((tmp_path / "gpu1").rglob("*.parquet")))
+    bad = _files(tmp_path / "gpu1")[0]
     bad.write_bytes(b"garbage")
     stats = st.compact(older_than_s=60, now=T0 + 1000)
     assert stats["merged"] == 2 and stats["refused"] == 1 and bad.exists()
@@ -185,7 +203,7 @@ def test_many_writers_never_collide(tmp_path: Path) -> None:
         t.start()
     for t in threads:
         t.join()
-    assert len(list((tmp_path / "gpu1").rglob("seg-*.parquet"))) == 20
+    assert len(_files(tmp_path / "gpu1", "seg-")) == 20
 
 
 def test_prune_removes_old_days(tmp_path: Path) -> None:
@@ -204,7 +222,8 @@ def test_node_names_cannot_escape_the_store(tmp_path: Path) -> None:
         SegmentStore(tmp_path).write("../etc", rows("x", T0, 1))
 
 
-def _write_old_segment(st: SegmentStore, node: str, t0: float, n: int) -> Path:
+def _write_old_segment(st: SegmentStore, node: str, t0: float, n: int,
+                       suffix: str = ".parquet") -> Path:
     """A segment as a store written before the device-health columns existed: the same
     schema without them, through the store's own writer path (name, atomic rename)."""
     import pyarrow as pa
@@ -220,14 +239,17 @@ def _write_old_segment(st: SegmentStore, node: str, t0: float, n: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     for d in (st.root, st.root / node, folder):
         d.chmod(0o755)
-    target = folder / st._name("seg", t0, t0 + n - 1)
+    # Stores of that age wrote Parquet; the Arrow file of the same schema reads alike.
+    target = folder / st._name("seg", t0, t0 + n - 1, suffix)
     store_mod._write_atomic(table, target)
     return target
 
 
-def test_segments_older_than_the_health_columns_read_with_them_null(tmp_path: Path) -> None:
+@pytest.mark.parametrize("suffix", [".parquet", ".arrow"])
+def test_segments_older_than_the_health_columns_read_with_them_null(tmp_path: Path,
+                                                                   suffix: str) -> None:
     st = SegmentStore(tmp_path)
-    _write_old_segment(st, "gpu1", T0, 3)
+    _write_old_segment(st, "gpu1", T0, 3, suffix)
     new = rows("gpu1", T0 + 10, 2)
     new[0].update(throttle_reasons="hw_slowdown,sw_power_cap", ecc_uncorrectable=3, xid=79)
     new[1].update(throttle_reasons="", ecc_uncorrectable=0)
@@ -248,8 +270,6 @@ def test_segments_older_than_the_health_columns_read_with_them_null(tmp_path: Pa
 
 
 def test_old_and_new_segments_compact_into_the_current_schema(tmp_path: Path) -> None:
-    import pyarrow.parquet as pq
-
     st = SegmentStore(tmp_path)
     _write_old_segment(st, "gpu1", T0, 3)
     new = rows("gpu1", T0 + 10, 2)
@@ -257,7 +277,7 @@ def test_old_and_new_segments_compact_into_the_current_schema(tmp_path: Path) ->
     st.write("gpu1", new)
     assert st.compact(older_than_s=0, now=T0 + 100)["merged"] == 2
     (seg,) = st.segments("gpu1")
-    assert pq.read_schema(seg.path).names == list(COLUMNS)
+    assert _table(seg.path).schema.names == list(COLUMNS)
     frame, rep = st.read()
     assert len(frame) == 10 and not rep.partial and frame["xid"].dropna().tolist() == [48]
 
@@ -286,3 +306,42 @@ def test_health_values_out_of_range_are_forged(tmp_path: Path) -> None:
     st.write("gpu1", bad)
     _, rep = st.read()
     assert rep.refused["forged"] == 1
+
+
+def test_threads_read_what_one_thread_reads_and_refuse_the_same(tmp_path: Path) -> None:
+    """read() parses segments on threads and checks readings once over all of them: the
+    frame and the refusals are those of a one-thread read, a segment with one bad reading
+    among many good ones is refused alone, and a windowed read cuts the same samples."""
+    st = SegmentStore(tmp_path)
+    for n in ("g1", "g2", "g3"):
+        for k in range(6):
+            st.write(n, rows(n, T0 + 10 * k, 5))
+    # One reading no collector writes (utilization 250 %) in one segment of g2.
+    bad = rows("g2", T0 + 100, 3)
+    bad[1]["utilization_pct"] = 250.0
+    p = st.write("g2", bad)
+    assert p is not None and _table(p).num_rows == 6
+    one, rep1 = st.read(workers=1)
+    many, rep4 = st.read(workers=4)
+    assert one.equals(many) and len(one) == 3 * 6 * 5 * 2
+    assert rep1.to_dict() == rep4.to_dict()
+    assert rep4.refused["forged"] == 1 and rep4.segments == 18
+    assert "utilization_pct" in rep4.problems[0]
+    w1, _ = st.read(T0 + 12, T0 + 33, workers=1)
+    w4, _ = st.read(T0 + 12, T0 + 33, workers=3)
+    assert w1.equals(w4) and sorted(set(w4["time"])) == [T0 + k for k in range(12, 33)
+                                                         if k % 10 < 5]
+
+
+def test_the_reader_fallback_reads_what_arrows_reader_reads(tmp_path: Path,
+                                                            monkeypatch: Any) -> None:
+    """Where pyarrow lacks its low-level Parquet reader, pq.ParquetFile reads the same."""
+    import hetslurm.metrics.store as store_mod
+
+    st = SegmentStore(tmp_path)
+    p = st.write("g1", rows("g1", T0, store_mod.SMALL_ROWS))  # big: Parquet
+    assert p is not None and p.suffix == ".parquet"
+    fast, _ = st.read(columns=["utilization_pct", "job_id"])
+    monkeypatch.setattr(store_mod, "_ParquetReader", store_mod._FileReader)
+    slow, rep = st.read(columns=["utilization_pct", "job_id"])
+    assert slow.equals(fast) and rep.segments == 1 and len(fast) == 2 * store_mod.SMALL_ROWS

@@ -36,22 +36,50 @@ def _codec(path: Path) -> str:
     return str(pq.ParquetFile(path).metadata.row_group(0).column(0).compression)
 
 
-def test_small_segments_are_uncompressed_and_big_ones_zstd(tmp_path: Path) -> None:
-    import pyarrow.parquet as pq
+def test_small_segments_are_arrow_files_and_big_ones_zstd_parquet(tmp_path: Path) -> None:
+    import pyarrow as pa
 
-    from hetslurm.metrics.samples import arrow_schema
+    from hetslurm.metrics.store import _expected_schema
 
     st = SegmentStore(tmp_path)
     small = st.write("gpu1", rows("gpu1", T0, 40))
     big = st.write("gpu1", rows("gpu1", T0 + 100, SMALL_ROWS))
     assert small is not None and big is not None
-    assert _codec(small) == "UNCOMPRESSED" and _codec(big) == "ZSTD"
-    # Without the stored Arrow schema, the Parquet types still read back as the store's.
-    assert pq.read_schema(small).equals(arrow_schema())
-    assert pq.read_schema(small).metadata is None
+    assert small.suffix == ".arrow" and big.suffix == ".parquet"
+    assert _codec(big) == "ZSTD"
+    # One uncompressed record batch, text columns dictionary-encoded: read as it lies.
+    reader = pa.ipc.open_file(small)
+    assert reader.num_record_batches == 1 and reader.schema.equals(_expected_schema())
     frame, rep = st.read()
     assert len(frame) == 80 + 2 * SMALL_ROWS and not rep.partial
     assert str(frame["node"].dtype) == "category" and frame["job_id"].dtype.name == "Int64"
+
+
+def test_small_parquet_segments_of_earlier_versions_still_read(tmp_path: Path) -> None:
+    """Before small segments were Arrow files they were uncompressed Parquet without the
+    stored Arrow schema; a store holding both reads and compacts as one."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hetslurm.metrics.samples import CATEGORICAL, arrow_schema
+
+    st = SegmentStore(tmp_path)
+    old = tmp_path / "gpu1" / day_of(T0)
+    old.mkdir(parents=True)
+    table = pa.Table.from_pylist(rows("gpu1", T0, 10), schema=arrow_schema())
+    name = f"seg-{int(T0 * 1000)}-{int((T0 + 9) * 1000)}-old-1-1-ab.parquet"
+    pq.write_table(table, old / name, compression="none", use_dictionary=list(CATEGORICAL),
+                   store_schema=False)
+    os.chmod(old / name, 0o644)
+    new = st.write("gpu1", rows("gpu1", T0 + 10, 10))
+    assert new is not None and new.suffix == ".arrow"
+    frame, rep = st.read(columns=STALL)
+    assert len(frame) == 40 and rep.segments == 2 and not rep.partial
+    assert sorted(frame["time"].unique()) == [T0 + k for k in range(20)]
+    stats = st.compact(older_than_s=60, now=T0 + 100_000)
+    assert stats["merged"] == 2 and stats["written"] == 1
+    after, rep = st.read(columns=STALL)
+    assert len(after) == 40 and rep.segments == 1
 
 
 def test_zstd_segments_of_earlier_versions_still_read_and_compact(tmp_path: Path) -> None:
@@ -112,7 +140,7 @@ def test_each_segment_is_opened_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
     real_open = os.open
 
     def counting_open(path: Any, flags: int, *args: Any, **kw: Any) -> int:
-        if str(path).endswith(".parquet"):
+        if str(path).endswith((".parquet", ".arrow")):
             opened.append(str(path))
             assert flags & os.O_NOFOLLOW  # a symlink can never be opened through
         return real_open(path, flags, *args, **kw)
@@ -128,7 +156,7 @@ def test_segment_swapped_for_a_symlink_after_listing_is_refused(tmp_path: Path) 
     p = st.write("gpu1", rows("gpu1", T0, 4))
     assert p is not None
     (seg,) = st.segments("gpu1")
-    elsewhere = tmp_path / "elsewhere.parquet"
+    elsewhere = tmp_path / "elsewhere.arrow"
     os.rename(p, elsewhere)
     p.symlink_to(elsewhere)
     rep = ReadReport()
@@ -140,7 +168,7 @@ def test_fifo_in_place_of_a_segment_is_refused_without_blocking(tmp_path: Path) 
     st = SegmentStore(tmp_path)
     p = st.write("gpu1", rows("gpu1", T0, 4))
     assert p is not None
-    fifo = p.parent / p.name.replace(".parquet", "0.parquet")
+    fifo = p.parent / p.name.replace(".arrow", "0.arrow")
     os.mkfifo(fifo)
     frame, rep = st.read()
     assert rep.refused["not_regular"] == 1 and len(frame) == 8
@@ -234,3 +262,48 @@ def test_a_read_plan_of_many_segments_is_read_in_order_once(tmp_path: Path) -> N
     assert len(frame) == 400 and rep.segments == 200
     assert seen[-1] == (200, 200) and [d for d, _ in seen] == list(range(1, 201))
     assert frame["time"].is_monotonic_increasing
+
+
+def test_arrow_segments_checked_together_are_refused_as_one_by_one(tmp_path: Path) -> None:
+    """A read takes the store's own Arrow segments the quick way (validated, then node and
+    times checked on all at once); each forgery that way is refused with the reason and
+    detail the one-segment check gives, and the honest segments around it are read."""
+    import pyarrow as pa
+
+    from hetslurm.metrics.store import _parse_ipc_quick
+
+    st = SegmentStore(tmp_path)
+    honest = [st.write("gpu1", rows("gpu1", T0 + 100 * k, 3)) for k in range(3)]
+    assert all(p is not None and p.suffix == ".arrow" for p in honest)
+    # Samples of gpu2 under gpu1; a name whose range the times leave; a null time.
+    other = st.write("gpu2", rows("gpu2", T0 + 1000, 3))
+    assert other is not None
+    moved = tmp_path / "gpu1" / other.parent.name / other.name
+    os.rename(other, moved)
+    late = st.write("gpu1", rows("gpu1", T0 + 2000, 3))
+    assert late is not None
+    renamed = late.with_name(f"seg-{int(T0 * 1000)}-{int((T0 + 1) * 1000)}-x-1-1-ab.arrow")
+    os.rename(late, renamed)
+    forged = [moved, renamed]
+    for p in forged:
+        assert _parse_ipc_quick(p.read_bytes(), STALL) is not None  # the quick way
+    expected = ReadReport()
+    for seg in st.segments("gpu1"):
+        if seg.path in forged:
+            assert st._open_checked(seg, expected) is None
+    frame, rep = st.read(columns=STALL)
+    assert rep.refused == expected.refused and sorted(rep.problems) == sorted(
+        expected.problems)
+    assert rep.refused["forged"] == 2 and rep.segments == 3 and len(frame) == 3 * 3 * 2
+    # A null time is not a forgery (a windowed read drops it): read, not refused.
+    from hetslurm.metrics import store as store_mod
+    from hetslurm.metrics.samples import arrow_schema
+
+    with_null = rows("gpu1", T0 + 3000, 3)
+    with_null[0]["time"] = None
+    p = tmp_path / "gpu1" / day_of(T0) / st._name("seg", T0 + 3000, T0 + 3002, ".arrow")
+    store_mod._write_atomic(pa.Table.from_pylist(with_null, schema=arrow_schema()), p)
+    batch = pa.ipc.open_file(p).get_batch(0)
+    assert batch.column("time").null_count == 1
+    frame, rep = st.read(columns=STALL)
+    assert rep.refused["forged"] == 2 and rep.segments == 4 and len(frame) == 3 * 3 * 2 + 6
