@@ -27,7 +27,8 @@ for lua in lua52 lua53 lua54; do
 done
 
 # The cluster tests whose outcome depends on the Slurm release: jobs, the hook, the access
-# layer's reads, audit against sacct, requeue, ranked fallback, the testbed's own life.
+# layer's reads, audit against sacct, requeue, ranked fallback, the testbed's own life,
+# drains and node weights through scontrol (reasons and weights read back per release).
 RELEASE_TIER=(
     tests/cluster/test_backend_contract.py
     tests/cluster/test_site_import_live.py
@@ -44,6 +45,8 @@ RELEASE_TIER=(
     tests/cluster/test_status_live.py
     tests/cluster/test_place_live.py
     tests/cluster/test_slurm_free_text_live.py
+    tests/cluster/test_health_live.py
+    tests/cluster/test_weights_live.py
 )
 # Every supported release but the host's own (the suite above ran on that one), each from its
 # cached Debian root; HETSLURM_RELEASE_TIERS="24.11 26.05" names them instead ("" for none).
