@@ -59,6 +59,9 @@ class Params:
     fractional_gpu: str
     oversize: str
     priority_by_qos: Mapping[str, str]
+    #: A trace's GPU model names (Alibaba ``gpu_spec``) to the site's, where they differ;
+    #: a name not here matches the site model of the same name, case aside.
+    trace_gpu_models: Mapping[str, str]
     backfill_depth: int
     backfill: str
     backfill_window_s: float
@@ -227,6 +230,8 @@ def load_params(path: str | Path) -> Params:
         fractional_gpu=j.str_("fractional_gpu", ("round-up", "drop")),
         oversize=j.str_("oversize", ("drop",)),
         priority_by_qos=j.mapping("priority_by_qos", str),
+        trace_gpu_models=(j.mapping("trace_gpu_models", str)
+                          if "trace_gpu_models" in j.data else {}),
         backfill_depth=s.int_("backfill_depth", 0),
         backfill=s.str_("backfill", BACKFILLS),
         backfill_window_s=s.num("backfill_window_s", 1.0),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from hetslurm.errors import ConfigError
@@ -21,6 +21,7 @@ from hetslurm.simulate.workload import (
     node_weights,
     partition_names,
     partition_nodes,
+    trace_values,
 )
 from hetslurm.site.model import Site
 
@@ -84,10 +85,7 @@ def simulate(
     if not sample:
         raise ConfigError(f"{trace.path}: no job in the selected range")
     t0 = sample[0].submit
-    from hetslurm.simulate.traces import TraceJob
-
-    sample = tuple(TraceJob(j.id, j.submit - t0, j.duration, j.gpus, j.gpu_milli, j.cores,
-                            j.mem_mib, j.job_type, j.steps, j.qos) for j in sample)
+    sample = tuple(replace(j, submit=j.submit - t0) for j in sample)
     jobs, dropped = build_jobs(sample, trace.format, site, params, policies)
     base = ClusterModel.from_site(site)
     rows: list[dict[str, Any]] = []
@@ -116,7 +114,9 @@ def simulate(
         "site": site.name, "trace": trace.path, "format": trace.format,
         "first": first, "jobs_selected": len(sample),
         "jobs_replayed": len(jobs[policies[0]]) if policies else 0,
-        "dropped": dropped, "skipped_by_reader": trace.skipped, "params": params.path,
+        "dropped": dropped, "skipped_by_reader": trace.skipped,
+        "compression": trace.compression, "unused_columns": list(trace.unused_columns),
+        "trace_values": trace_values(sample, site, params, policies), "params": params.path,
         "backfill": params.backfill, "backfill_depth": params.backfill_depth,
         "backfill_window_s": params.backfill_window_s,
     }

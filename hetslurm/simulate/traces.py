@@ -3,22 +3,31 @@
 Each reader returns :class:`TraceJob` records sorted by submit time, with times in seconds
 from the trace's first submission. A malformed row raises :class:`TraceError` naming the
 file, the line and the field; rows that are well formed but cannot be replayed (an Alibaba
-pod that was never scheduled) are skipped and counted in :attr:`Trace.skipped`.
+pod that was never scheduled) are skipped and counted in :attr:`Trace.skipped`. A column
+the file carries that the replay does not read is named in :attr:`Trace.unused_columns`.
+
+Every format may be compressed: gzip, xz, bzip2 or zip (one member, or the member whose
+name ends as the format's files do), told by the file's first bytes, not its name
+(:func:`trace_text`).
 """
 
 from __future__ import annotations
 
+import bz2
 import csv
+import gzip
 import io
+import lzma
 import math
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Literal
 
 from hetslurm.errors import ConfigError
-from hetslurm.textfile import MAX_DATA_BYTES, decode_text, read_file_bytes, read_text_file
+from hetslurm.textfile import MAX_DATA_BYTES, decode_text, read_file_bytes
 
 FORMATS = ("alibaba", "philly", "gavel", "swf")
 #: Bounds a replayable trace stays within (a row beyond them is malformed, not a huge job):
@@ -49,6 +58,9 @@ class TraceJob:
         job_type: Gavel's job type (``"ResNet-18 (batch size 32)"``), else ``None``.
         steps: Gavel's total steps, else ``None``.
         qos: Alibaba's QOS (LS, BE, ...), else ``None``.
+        gpu_models: the GPU models the job may run on, as the trace names them (Alibaba's
+            ``gpu_spec``, ``|``-separated alternatives); empty: any model. Mapped to the
+            site's models by :func:`hetslurm.simulate.workload.site_gpu_models`.
     """
 
     id: str
@@ -61,16 +73,27 @@ class TraceJob:
     job_type: str | None = None
     steps: float | None = None
     qos: str | None = None
+    gpu_models: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Trace:
-    """Jobs of one trace file, sorted by submit time."""
+    """Jobs of one trace file, sorted by submit time.
+
+    Attributes:
+        skipped: rows not replayable, by reason.
+        unused_columns: columns (SWF: fields holding a value other than -1) the file carries
+            and the replay does not read.
+        compression: how the file was compressed (``gzip``, ``xz``, ``bzip2``, ``zip``), or
+            ``None``.
+    """
 
     path: str
     format: str
     jobs: tuple[TraceJob, ...]
     skipped: dict[str, int] = field(default_factory=dict)
+    unused_columns: tuple[str, ...] = ()
+    compression: str | None = None
 
 
 def read_trace(path: str | Path, fmt: str) -> Trace:
@@ -122,57 +145,149 @@ class _Row:
         return int(v)
 
 
-def _text(path: Path) -> str:
-    """The trace as text: a regular file, at most MAX_DATA_BYTES, UTF-8 without NULs."""
+#: Member suffixes a zip's trace may have, per format (a zip of one file needs none).
+_SUFFIXES = {"alibaba": (".csv",), "philly": (".csv",), "gavel": (".trace", ".txt"),
+             "swf": (".swf",)}
+
+
+def trace_text(path: Path, fmt: str, *,
+               errors: Literal["strict", "surrogateescape"] = "strict") -> tuple[str, str | None]:
+    """The trace's text and its compression (``None`` for a plain file).
+
+    gzip, xz and bzip2 are read as one stream, zip as its one member or the first whose name
+    ends as ``fmt``'s files do (``.swf``, ``.csv``, ...). The plain file and the inflated
+    text are each bounded by MAX_DATA_BYTES: a small file that inflates past it is refused
+    without being inflated whole.
+
+    Raises:
+        TraceError: the file cannot be read, is corrupt, inflates too far, or is not UTF-8
+            (``errors="strict"``).
+    """
     try:
-        return read_text_file(path, what="trace file", max_bytes=MAX_DATA_BYTES)
+        raw = read_file_bytes(path, what="trace file", max_bytes=MAX_DATA_BYTES)
+    except ConfigError as exc:
+        raise TraceError(exc.message, file=exc.file, line=exc.line) from exc
+    kind = _compression(path, raw)
+    data = raw if kind is None else _inflate(path, raw, kind, fmt)
+    try:
+        return decode_text(data, what="trace file", file=str(path), errors=errors), kind
     except ConfigError as exc:
         raise TraceError(exc.message, file=exc.file, line=exc.line) from exc
 
 
-def _csv_rows(path: Path, required: tuple[str, ...]) -> Iterator[_Row]:
-    reader = csv.reader(io.StringIO(_text(path), newline=""))
+def _compression(path: Path, raw: bytes) -> str | None:
+    if raw.startswith(b"\x1f\x8b"):
+        return "gzip"
+    if raw.startswith(b"\xfd7zXZ\x00"):
+        return "xz"
+    if raw.startswith(b"BZh"):
+        return "bzip2"
+    if raw.startswith(b"PK\x03\x04") or raw.startswith(b"PK\x05\x06"):
+        return "zip"
+    return None
+
+
+def _read_stream(kind: str, raw: bytes, size: int) -> bytes:
+    """At most ``size`` bytes of the gzip, xz or bzip2 stream ``raw``, inflated."""
+    stream = io.BytesIO(raw)
+    if kind == "gzip":
+        with gzip.GzipFile(fileobj=stream) as fh:
+            return fh.read(size)
+    if kind == "xz":
+        with lzma.LZMAFile(stream) as fx:
+            return fx.read(size)
+    with bz2.BZ2File(stream) as fb:
+        return fb.read(size)
+
+
+def _inflate(path: Path, raw: bytes, kind: str, fmt: str) -> bytes:
+    limit = MAX_DATA_BYTES
     try:
-        header = next(reader, None)
+        if kind == "zip":
+            with zipfile.ZipFile(io.BytesIO(raw)) as z:
+                files = [i for i in z.infolist() if not i.is_dir()]
+                wanted = [i for i in files if i.filename.lower().endswith(_SUFFIXES[fmt])]
+                member = files[0] if len(files) == 1 else (wanted[0] if wanted else None)
+                if member is None:
+                    want = " or ".join(_SUFFIXES[fmt])
+                    raise TraceError(f"{path}: the zip holds {len(files)} files and none "
+                                     f"ends in {want}")
+                # The declared size is checked before inflating; zipfile itself refuses a
+                # member longer than it declares.
+                if member.file_size > limit:
+                    raise TraceError(f"{path}: {member.filename} inflates to "
+                                     f"{member.file_size} bytes, over {limit}")
+                return z.read(member)
+        data = _read_stream(kind, raw, limit + 1)
+    except (OSError, EOFError, lzma.LZMAError, zipfile.BadZipFile, ValueError) as exc:
+        raise TraceError(f"{path}: not a readable {kind} file: {exc}") from exc
+    if len(data) > limit:
+        raise TraceError(f"{path}: inflates to more than {limit} bytes")
+    return data
+
+
+class _Csv:
+    """A CSV trace: its header, its compression and its rows (read on :meth:`rows`)."""
+
+    def __init__(self, path: Path, fmt: str, required: tuple[str, ...]) -> None:
+        self.path = path
+        text, self.compression = trace_text(path, fmt)
+        self._reader = csv.reader(io.StringIO(text, newline=""))
+        try:
+            header = next(self._reader, None)
+        except csv.Error as exc:
+            raise TraceError(f"{path}:1: not CSV: {exc}") from exc
         if header is None:
             raise TraceError(f"{path}: empty file")
-        header = [h.strip() for h in header]
-        missing = [r for r in required if r not in header]
+        self.header = [h.strip() for h in header]
+        missing = [r for r in required if r not in self.header]
         if missing:
             raise TraceError(f"{path}:1: header lacks column(s) {', '.join(missing)}")
-        repeated = sorted({h for h in header if header.count(h) > 1})
+        repeated = sorted({h for h in self.header if self.header.count(h) > 1})
         if repeated:
             raise TraceError(f"{path}:1: header repeats column(s) {', '.join(repeated)}")
-        for values in reader:
-            if not values or all(not v.strip() for v in values):
-                continue
-            if len(values) != len(header):
-                raise TraceError(
-                    f"{path}:{reader.line_num}: {len(values)} fields, header has {len(header)}"
-                )
-            yield _Row(path, reader.line_num, dict(zip(header, values, strict=True)))
-    except csv.Error as exc:
-        # e.g. a field past csv's size limit (an unterminated quote swallowing the file).
-        raise TraceError(f"{path}:{reader.line_num}: not CSV: {exc}") from exc
+
+    def unused(self, read: Iterable[str]) -> tuple[str, ...]:
+        """Header columns not among ``read``, in the file's order."""
+        used = set(read)
+        return tuple(h for h in self.header if h and h not in used)
+
+    def rows(self) -> Iterator[_Row]:
+        reader, header, path = self._reader, self.header, self.path
+        try:
+            for values in reader:
+                if not values or all(not v.strip() for v in values):
+                    continue
+                if len(values) != len(header):
+                    raise TraceError(
+                        f"{path}:{reader.line_num}: {len(values)} fields, header has "
+                        f"{len(header)}"
+                    )
+                yield _Row(path, reader.line_num, dict(zip(header, values, strict=True)))
+        except csv.Error as exc:
+            # e.g. a field past csv's size limit (an unterminated quote swallowing the file).
+            raise TraceError(f"{path}:{reader.line_num}: not CSV: {exc}") from exc
 
 
-def _finish(path: Path, fmt: str, jobs: Iterable[TraceJob], skipped: dict[str, int]) -> Trace:
+def _finish(path: Path, fmt: str, jobs: Iterable[TraceJob], skipped: dict[str, int], *,
+            unused: tuple[str, ...] = (), compression: str | None = None) -> Trace:
     ordered = sorted(jobs, key=lambda j: (j.submit, j.id))
     if not ordered:
         raise TraceError(f"{path}: no replayable job in the trace")
     t0 = ordered[0].submit
-    shifted = tuple(
-        TraceJob(j.id, j.submit - t0, j.duration, j.gpus, j.gpu_milli, j.cores, j.mem_mib,
-                 j.job_type, j.steps, j.qos)
-        for j in ordered
-    )
-    return Trace(str(path), fmt, shifted, {k: v for k, v in skipped.items() if v})
+    shifted = tuple(replace(j, submit=j.submit - t0) for j in ordered)
+    return Trace(str(path), fmt, shifted, {k: v for k, v in skipped.items() if v},
+                 unused_columns=unused, compression=compression)
 
 
 # --- Alibaba cluster-trace-gpu-v2023 -------------------------------------------------------
 
 ALIBABA_POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "qos",
                        "pod_phase", "creation_time", "deletion_time", "scheduled_time")
+#: Columns the replay reads (``pod_phase`` is required by the format but not read: a pod's
+#: times say whether it ran); ``gpu_spec`` is optional.
+_ALIBABA_READ = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli", "qos",
+                 "creation_time", "deletion_time", "scheduled_time", "gpu_spec")
 
 
 def read_alibaba(path: Path) -> Trace:
@@ -180,10 +295,14 @@ def read_alibaba(path: Path) -> Trace:
 
     A pod never scheduled (``scheduled_time`` empty, phase Pending) has no runtime and is
     skipped (``never_scheduled``). ``gpu_milli`` is the share of each GPU (per mille).
+    ``gpu_spec`` (optional) is the GPU models a pod may run on, ``|``-separated (``T4``,
+    ``V100M16|V100M32``); empty: any model.
     """
     jobs: list[TraceJob] = []
     skipped = {"never_scheduled": 0}
-    for row in _csv_rows(path, ALIBABA_POD_COLUMNS):
+    table = _Csv(path, "alibaba", ALIBABA_POD_COLUMNS)
+    has_spec = "gpu_spec" in table.header
+    for row in table.rows():
         if not row.text("scheduled_time") or not row.text("deletion_time"):
             skipped["never_scheduled"] += 1
             continue
@@ -196,12 +315,24 @@ def read_alibaba(path: Path) -> Trace:
         milli = row.int_("gpu_milli") if gpus else 1000
         if gpus and not 0 < milli <= 1000:
             raise row.err("gpu_milli", f"= {milli} is not in 1..1000")
+        spec = _gpu_spec(row) if has_spec and gpus else ()
         jobs.append(TraceJob(
             id=row.text("name"), submit=created, duration=end - start, gpus=gpus,
             gpu_milli=milli, cores=max(1, math.ceil(row.num("cpu_milli") / 1000)),
-            mem_mib=row.int_("memory_mib"), qos=row.text("qos") or None,
+            mem_mib=row.int_("memory_mib"), qos=row.text("qos") or None, gpu_models=spec,
         ))
-    return _finish(path, "alibaba", jobs, skipped)
+    return _finish(path, "alibaba", jobs, skipped, unused=table.unused(_ALIBABA_READ),
+                   compression=table.compression)
+
+
+def _gpu_spec(row: _Row) -> tuple[str, ...]:
+    """``gpu_spec``'s alternatives in the trace's order, each once."""
+    raw = row.text("gpu_spec")
+    names = tuple(dict.fromkeys(x.strip() for x in raw.split("|") if x.strip()))
+    bad = [x for x in names if not all(c.isalnum() or c in "-_." for c in x)]
+    if bad:
+        raise row.err("gpu_spec", f"= {raw!r}: {bad[0]!r} is not a GPU model name")
+    return names
 
 
 @dataclass(frozen=True)
@@ -225,7 +356,7 @@ def read_alibaba_nodes(path: str | Path) -> tuple[AlibabaNode, ...]:
     if not p.is_file():
         raise TraceError(f"{p}: no such node list")
     out = []
-    for row in _csv_rows(p, ("sn", "cpu_milli", "memory_mib", "gpu", "model")):
+    for row in _Csv(p, "alibaba", ("sn", "cpu_milli", "memory_mib", "gpu", "model")).rows():
         gpus = row.int_("gpu")
         model = row.text("model") or None
         if gpus and model is None:
@@ -241,7 +372,9 @@ def read_alibaba_nodes(path: str | Path) -> tuple[AlibabaNode, ...]:
 def read_philly(path: Path) -> Trace:
     """Sia's ``philly.csv``: ``timestamp,duration,num_gpus,gpu_time,cluster``."""
     jobs: list[TraceJob] = []
-    for row in _csv_rows(path, ("timestamp", "duration", "num_gpus")):
+    read = ("timestamp", "duration", "num_gpus")
+    table = _Csv(path, "philly", read)
+    for row in table.rows():
         raw = row.text("timestamp")
         try:
             when = datetime.fromisoformat(raw)
@@ -253,7 +386,8 @@ def read_philly(path: Path) -> Trace:
             duration=row.num("duration", high=MAX_SECONDS),
             gpus=row.int_("num_gpus", low=1, high=MAX_GPUS),
         ))
-    return _finish(path, "philly", jobs, {})
+    return _finish(path, "philly", jobs, {}, unused=table.unused(read),
+                   compression=table.compression)
 
 
 # --- Gavel's msr traces --------------------------------------------------------------------
@@ -265,8 +399,9 @@ def read_gavel(path: Path) -> Trace:
     jobs: list[TraceJob] = []
     names = ("job_type", "command", "num_steps_arg", "needs_data_dir", "total_steps",
              "arrival_time", "scale_factor")
+    text, compression = trace_text(path, "gavel")
     # Lines split on "\n" only, as Gavel writes them: a stray CR stays in the last field.
-    for line_no, line in enumerate(_text(path).split("\n"), 1):
+    for line_no, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         values = line.split("\t")
@@ -281,7 +416,11 @@ def read_gavel(path: Path) -> Trace:
             duration=None, gpus=row.int_("scale_factor", low=1, high=MAX_GPUS),
             job_type=row.text("job_type"), steps=row.num("total_steps", low=1),
         ))
-    return _finish(path, "gavel", jobs, {})
+    # command, num_steps_arg and needs_data_dir say how Gavel launches a job, not what it
+    # asks: the replay does not read them.
+    return _finish(path, "gavel", jobs, {}, unused=("command", "num_steps_arg",
+                                                    "needs_data_dir"),
+                   compression=compression)
 
 
 # --- Standard Workload Format (Parallel Workloads Archive) ---------------------------------
@@ -291,32 +430,23 @@ _SWF_FIELDS = ("job", "submit", "wait", "run_time", "alloc_procs", "avg_cpu", "u
                "partition", "preceding", "think")
 
 
+#: The SWF fields the replay reads.
+_SWF_READ = ("job", "submit", "run_time", "alloc_procs", "req_procs")
+
+
 def read_swf(path: Path) -> Trace:
-    """An SWF log, plain or zipped (the first ``.swf`` member); CPU-only jobs.
+    """An SWF log, plain or compressed; CPU-only jobs.
 
     Cores = allocated processors (field 5), else requested (field 8). A job with run time -1
-    (unknown) or 0 processors is skipped (``no_runtime``, ``no_processors``).
+    (unknown) or 0 processors is skipped (``no_runtime``, ``no_processors``). The fields
+    not read that hold a value other than -1 in some row are the trace's unused columns.
     """
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as z:
-            members = [i for i in z.infolist() if i.filename.endswith(".swf")]
-            if not members:
-                raise TraceError(f"{path}: the zip holds no .swf file")
-            # The declared size is checked before inflating (a small zip can inflate to
-            # gigabytes); zipfile itself refuses a member longer than it declares.
-            if members[0].file_size > MAX_DATA_BYTES:
-                raise TraceError(f"{path}: {members[0].filename} inflates to "
-                                 f"{members[0].file_size} bytes, over {MAX_DATA_BYTES}")
-            text = z.read(members[0]).decode("utf-8", errors="replace")
-    else:
-        try:
-            data = read_file_bytes(path, what="trace file", max_bytes=MAX_DATA_BYTES)
-        except ConfigError as exc:
-            raise TraceError(exc.message, file=exc.file, line=exc.line) from exc
-        # SWF logs are ASCII with free-text header comments; a stray byte there is kept.
-        text = decode_text(data, what="trace file", file=str(path), errors="surrogateescape")
+    # SWF logs are ASCII with free-text header comments; a stray byte there is kept.
+    text, compression = trace_text(path, "swf", errors="surrogateescape")
     jobs: list[TraceJob] = []
     skipped = {"no_runtime": 0, "no_processors": 0}
+    unread = [i for i, f in enumerate(_SWF_FIELDS) if f not in _SWF_READ]
+    carried: set[int] = set()
     for line_no, line in enumerate(text.splitlines(), 1):
         s = line.strip()
         if not s or s.startswith(";"):
@@ -324,6 +454,8 @@ def read_swf(path: Path) -> Trace:
         values = s.split()
         if len(values) != len(_SWF_FIELDS):
             raise TraceError(f"{path}:{line_no}: {len(values)} fields, SWF has 18")
+        if len(carried) < len(unread):
+            carried.update(i for i in unread if values[i] != "-1")
         row = _Row(path, line_no, dict(zip(_SWF_FIELDS, values, strict=True)))
         run = row.num("run_time", low=-1, high=MAX_SECONDS)
         procs = row.int_("alloc_procs", low=-1)
@@ -338,7 +470,9 @@ def read_swf(path: Path) -> Trace:
         jobs.append(TraceJob(id=f"swf-{row.text('job')}", submit=row.num("submit",
                                                                           high=MAX_SECONDS),
                              duration=run, gpus=0, cores=procs))
-    return _finish(path, "swf", jobs, skipped)
+    return _finish(path, "swf", jobs, skipped,
+                   unused=tuple(_SWF_FIELDS[i] for i in sorted(carried)),
+                   compression=compression)
 
 
 # --- The Alibaba openb cluster as a site file ----------------------------------------------

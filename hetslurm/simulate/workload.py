@@ -78,6 +78,29 @@ class Classified:
     cls: str
     io_standin: bool
     gpus: int  # whole GPUs after rounding
+    #: The site models the trace lets the job run on (its ``gpu_models`` mapped); empty: any.
+    spec: tuple[str, ...] = ()
+
+
+def site_gpu_models(names: Sequence[str], site_models: Sequence[str],
+                    aliases: Mapping[str, str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A trace's GPU model names as the site's models: ``(site models, unknown names)``.
+
+    A name maps through ``aliases`` (``[jobs] trace_gpu_models`` of the parameter file),
+    else to the site model of the same name, case aside (Alibaba's ``V100M16`` is the
+    generated site's ``v100m16``). A name that maps to no model of the site is unknown.
+    """
+    by_lower = {m.lower(): m for m in site_models}
+    mapped: list[str] = []
+    unknown: list[str] = []
+    for name in names:
+        target = aliases.get(name, name)
+        m = by_lower.get(target.lower())
+        if m is None:
+            unknown.append(name)
+        elif m not in mapped:
+            mapped.append(m)
+    return tuple(mapped), tuple(unknown)
 
 
 def classify(job: TraceJob, params: Params) -> Classified | None:
@@ -199,7 +222,10 @@ def request_for(c: Classified, policy: PolicyParams, params: Params, site: Site,
         params.cores_per_gpu * gpus if gpus else params.cores_per_cpu_job)
     models = site.gpu_models()
     # A model the job cannot run on (Gavel: 0 steps/s) is one its user would not ask for.
-    runnable = tuple(m for i, m in enumerate(model.gpu_models) if math.isfinite(times[i]))
+    # So is one outside the trace's own constraint (Alibaba's gpu_spec), under any policy: it
+    # is the user's --constraint / typed --gres, not a rewrite.
+    runnable = tuple(m for i, m in enumerate(model.gpu_models)
+                     if math.isfinite(times[i]) and (not c.spec or m in c.spec))
     asked: tuple[str, ...] = () if len(runnable) == len(model.gpu_models) else runnable
     if policy.use_classes and gpus:
         probe = resolve(Request(gpus_per_node=1, workload_class=c.cls), site)
@@ -260,11 +286,13 @@ def build_jobs(
 
     A job that cannot run on the empty cluster under any of ``policies`` (larger than the
     cluster, more cores than a node) is dropped from all of them, so the policies replay the
-    same work. Returns the jobs per policy and the dropped counts by reason.
+    same work. A GPU job whose trace names GPU models of which none is the site's (or none
+    it can run on) is dropped too (``gpu_spec_no_site_model``). Returns the jobs per policy
+    and the dropped counts by reason.
     """
     base = ClusterModel.from_site(site)
     empty_models = {p: node_weights(base, params.policies[p]) for p in policies}
-    dropped = {"fractional": 0, "oversize": 0}
+    dropped = {"fractional": 0, "oversize": 0, "gpu_spec_no_site_model": 0}
     out: dict[str, list[SimJob]] = {p: [] for p in policies}
     verdicts: dict[tuple[str, Request, str], bool] = {}
     for index, tj in enumerate(trace_jobs):
@@ -273,6 +301,12 @@ def build_jobs(
             dropped["fractional"] += 1
             continue
         times = runtimes(c, fmt, base.gpu_models, params)
+        if tj.gpu_models and c.gpus:
+            spec, _ = site_gpu_models(tj.gpu_models, base.gpu_models, params.trace_gpu_models)
+            if not any(math.isfinite(times[base.gpu_models.index(m)]) for m in spec):
+                dropped["gpu_spec_no_site_model"] += 1
+                continue
+            c = replace(c, spec=spec)
         made: dict[str, SimJob] = {}
         for p in policies:
             pol = params.policies[p]
@@ -303,6 +337,41 @@ def build_jobs(
         for p, j in made.items():
             out[p].append(j)
     return out, dropped
+
+
+def trace_values(trace_jobs: Sequence[TraceJob], site: Site, params: Params,
+                 policies: Sequence[str]) -> dict[str, object]:
+    """What the replay made of the trace's values that a site or the parameters interpret,
+    for the output's ``meta``: each GPU model name of the trace's constraints (Alibaba
+    ``gpu_spec``) with the site model it maps to (``null``: none, the alternative is
+    dropped; a job left with none is dropped, ``dropped.gpu_spec_no_site_model``), and each
+    QOS that ``[jobs] priority_by_qos`` does not name (replayed as ``normal`` by the policies
+    that use priorities)."""
+    models = site.gpu_models()
+    names: dict[str, int] = {}
+    with_spec = partly = 0
+    for tj in trace_jobs:
+        if tj.gpu_models and tj.gpus:
+            with_spec += 1
+            _, unknown = site_gpu_models(tj.gpu_models, models, params.trace_gpu_models)
+            partly += bool(unknown) and len(unknown) < len(tj.gpu_models)
+            for n in tj.gpu_models:
+                names[n] = names.get(n, 0) + 1
+
+    def site_model(name: str) -> str | None:
+        mapped, _ = site_gpu_models([name], models, params.trace_gpu_models)
+        return mapped[0] if mapped else None
+
+    spec: dict[str, object] = {
+        "jobs": with_spec, "jobs_partly_unknown": partly,
+        "names": {n: {"jobs": k, "site_model": site_model(n)} for n, k in sorted(names.items())},
+    }
+    qos: dict[str, int] = {}
+    if any(params.policies[p].use_priority for p in policies):
+        for tj in trace_jobs:
+            if tj.qos is not None and tj.qos not in params.priority_by_qos:
+                qos[tj.qos] = qos.get(tj.qos, 0) + 1
+    return {"gpu_spec": spec, "qos_not_in_priority_by_qos": qos}
 
 
 def partition_nodes(site: Site, model: ClusterModel, name: str) -> tuple[int, ...]:

@@ -108,7 +108,7 @@ def test_cpu_job_on_gpu_node_cores_pushes_gpu_job_to_k80(toy: Site, params: Para
 def test_hetslurm_requests_carry_the_class(toy: Site, params: Params) -> None:
     built, dropped = build_jobs([TraceJob("g", 0, 100, 1), TraceJob("c", 0, 10, 0)],
                                 "philly", toy, params, POLICIES)
-    assert dropped == {"fractional": 0, "oversize": 0}
+    assert dropped == {"fractional": 0, "oversize": 0, "gpu_spec_no_site_model": 0}
     het = {j.id: j for j in built["hetslurm"]}
     dflt = {j.id: j for j in built["slurm-default"]}
     assert het["g"].partition == "gpu" and het["g"].cls == "vision"
@@ -124,13 +124,13 @@ def test_oversize_and_fractional_jobs(toy: Site, params: Params, tmp_path: Path)
             TraceJob("ok", 0, 10, 1)]
     built, dropped = build_jobs(jobs, "alibaba", toy, params, POLICIES)
     # 8 GPUs = 4 nodes x 2 on a cluster of 2 GPU nodes: dropped for both policies.
-    assert dropped == {"fractional": 0, "oversize": 1}
+    assert dropped == {"fractional": 0, "oversize": 1, "gpu_spec_no_site_model": 0}
     assert [j.id for j in built["hetslurm"]] == ["half", "ok"]
     assert built["hetslurm"][0].gpus == 1  # 0.5 GPU holds a whole GPU (round-up)
     drop = params_with(tmp_path, untyped_shares="untyped_shares = { vision = 1.0 }",
                        fractional_gpu='fractional_gpu = "drop"')
     _, dropped = build_jobs(jobs, "alibaba", toy, drop, POLICIES)
-    assert dropped == {"fractional": 1, "oversize": 1}
+    assert dropped == {"fractional": 1, "oversize": 1, "gpu_spec_no_site_model": 0}
 
 
 def test_io_standin_runs_on_cpu_nodes_only_under_hetslurm(toy: Site, tmp_path: Path) -> None:
@@ -170,7 +170,10 @@ def test_cli_json(toy: Site, tmp_path: Path) -> None:
     assert [(row["policy"], row["load"]) for row in doc["rows"]] == [
         ("slurm-default", 1.0), ("slurm-default", 4.0), ("hetslurm", 1.0), ("hetslurm", 4.0)]
     # The 2-GPU jobs need 8 cores (4 per GPU): no toy node has them, so they are dropped.
-    assert doc["meta"]["dropped"] == {"fractional": 0, "oversize": 10}
+    assert doc["meta"]["dropped"] == {"fractional": 0, "oversize": 10,
+                                      "gpu_spec_no_site_model": 0}
+    assert doc["meta"]["unused_columns"] == ["gpu_time", "cluster"]
+    assert doc["meta"]["compression"] is None
     assert all(row["jobs"] == 10 and row["unfinished"] == 0 for row in doc["rows"])
     assert "wait_ratio@4" in doc["summary"][1]
     plots = tmp_path / "plots"
@@ -237,10 +240,10 @@ def test_cpu_job_wider_than_a_node_spans_nodes(toy: Site, params: Params) -> Non
     # under hetslurm: the toy has one, so the job is dropped there and for both policies.
     built, dropped = build_jobs([TraceJob("w", 0, 10, 0, cores=10)], "swf", toy, params,
                                 POLICIES)
-    assert dropped == {"fractional": 0, "oversize": 1}
+    assert dropped == {"fractional": 0, "oversize": 1, "gpu_spec_no_site_model": 0}
     built, dropped = build_jobs([TraceJob("w", 0, 10, 0, cores=10)], "swf", toy, params,
                                 ("slurm-default",))
-    assert dropped == {"fractional": 0, "oversize": 0}
+    assert dropped == {"fractional": 0, "oversize": 0, "gpu_spec_no_site_model": 0}
     kr = built["slurm-default"][0].kr
     assert (kr.nodes, kr.cores) == (3, 4)
 
@@ -313,3 +316,34 @@ def test_a_pod_asking_zero_memory_is_replayed_under_both_policies(toy: Site,
     built, dropped = build_jobs(jobs, "alibaba", toy, params, POLICIES)
     assert sum(dropped.values()) == 0
     assert [j.kr.mem_mib for p in POLICIES for j in built[p]] == [0, 0]
+
+
+def test_trace_gpu_constraint_is_honoured_by_every_policy(toy: Site, params: Params,
+                                                          tmp_path: Path) -> None:
+    # A vision job (V100 first) that its trace lets run only on K80 runs on g2's K80 under
+    # both policies, though g1's V100 is free; 'K80|T4' the same (T4 is not a site model,
+    # that alternative is dropped and named in meta); 'T4' alone cannot run here: dropped.
+    jobs = [TraceJob("k80", 0, 100, 1, cores=1, gpu_models=("K80",)),
+            TraceJob("either", 1, 100, 1, cores=1, gpu_models=("K80", "T4")),
+            TraceJob("t4", 2, 100, 1, cores=1, gpu_models=("T4",)),
+            TraceJob("any", 3, 100, 1, cores=1)]
+    got = replay_policy(toy, params, jobs)
+    for p in POLICIES:
+        assert got[p]["k80"][2] == "g2" and got[p]["either"][2] == "g2"
+        assert got[p]["any"][2] == "g1"
+        assert "t4" not in got[p]
+    _, dropped = build_jobs(jobs, "alibaba", toy, params, POLICIES)
+    assert dropped["gpu_spec_no_site_model"] == 1
+    from hetslurm.simulate.workload import site_gpu_models, trace_values
+
+    meta = trace_values(jobs, toy, params, POLICIES)["gpu_spec"]
+    assert meta == {"jobs": 3, "jobs_partly_unknown": 1,
+                    "names": {"K80": {"jobs": 2, "site_model": "k80"},
+                              "T4": {"jobs": 2, "site_model": None}}}
+    # [jobs] trace_gpu_models maps a name the site spells otherwise.
+    assert site_gpu_models(("Tesla-K80", "V100"), ("v100", "k80"), {"Tesla-K80": "k80"}) == (
+        ("k80", "v100"), ())
+    aliased = params_with(tmp_path, untyped_shares="untyped_shares = { vision = 1.0 }",
+                          cores_per_gpu='cores_per_gpu = 4\ntrace_gpu_models = { T4 = "k80" }')
+    got = replay_policy(toy, aliased, jobs)
+    assert got["hetslurm"]["t4"][2] == "g2"

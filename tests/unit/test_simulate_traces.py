@@ -185,3 +185,87 @@ def test_committed_alibaba_site_is_the_generated_one() -> None:
     site = load_site(committed)
     assert len(site.nodes) == 1523
     assert sum(len(n.gpus) for n in site.nodes) == 6212
+
+
+def _compressed(tmp_path: Path, name: str, data: bytes, kind: str) -> Path:
+    import bz2
+    import gzip
+    import lzma
+
+    p = tmp_path / f"{name}.{kind}"
+    if kind == "zip":
+        with zipfile.ZipFile(p, "w", zipfile.ZIP_DEFLATED) as z:
+            z.writestr(name, data)
+    else:
+        p.write_bytes({"gz": gzip.compress, "xz": lzma.compress, "bz2": bz2.compress}[kind](data))
+    return p
+
+
+@pytest.mark.parametrize("kind,name", [("gz", "gzip"), ("xz", "xz"), ("bz2", "bzip2"),
+                                       ("zip", "zip")])
+def test_every_format_reads_compressed(tmp_path: Path, kind: str, name: str) -> None:
+    # A Parallel Workloads Archive log as it is distributed (.swf.gz) read as "1 fields" once.
+    swf = (";  Version: 2.2\n" + SWF_LINE + "2 20 -1 50 4 -1 -1 4 -1 -1 1 2 1 -1 1 -1 -1 -1\n")
+    ali = (ALI_HEAD + "p1,12000,16384,1,1000,T4,LS,Running,100,1100,150\n"
+           + "p0,500,1024,0,0,,BE,Succeeded,50,80,60\n")
+    philly = "timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-03 10:00:00,60,2,120,vc1\n"
+    for fmt, base, text in (("swf", "log.swf", swf), ("alibaba", "pods.csv", ali),
+                            ("philly", "philly.csv", philly)):
+        plain = read_trace(write(tmp_path, base, text), fmt)
+        packed = read_trace(_compressed(tmp_path, base, text.encode(), kind), fmt)
+        assert packed.jobs == plain.jobs and packed.compression == name
+        assert plain.compression is None
+        assert packed.unused_columns == plain.unused_columns
+
+
+def test_compressed_traces_refused_clearly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    import gzip
+
+    import hetslurm.simulate.traces as traces
+
+    bad = tmp_path / "cut.swf.gz"
+    bad.write_bytes(gzip.compress(SWF_LINE.encode() * 50)[:-12])
+    with pytest.raises(TraceError, match=r"cut\.swf\.gz: not a readable gzip file"):
+        read_trace(bad, "swf")
+    # A small file that inflates past the bound is refused before it is inflated whole.
+    monkeypatch.setattr(traces, "MAX_DATA_BYTES", 4096)
+    bomb = tmp_path / "bomb.swf.gz"
+    bomb.write_bytes(gzip.compress(b";" * 100_000))
+    assert bomb.stat().st_size < 4096
+    with pytest.raises(TraceError, match="inflates to more than 4096 bytes"):
+        read_trace(bomb, "swf")
+    two = tmp_path / "two.zip"
+    with zipfile.ZipFile(two, "w") as z:
+        z.writestr("a.txt", "x")
+        z.writestr("b.txt", "y")
+    with pytest.raises(TraceError, match=r"two\.zip: the zip holds 2 files and none ends in "
+                                         r"\.swf"):
+        read_trace(two, "swf")
+
+
+def test_unused_columns_are_named(tmp_path: Path) -> None:
+    ali = read_trace(write(tmp_path, "pods.csv", ALI_HEAD.replace("\n", ",note\n")
+                           + "p1,1000,1024,1,1000,,LS,Running,1,2,1,hello\n"), "alibaba")
+    assert ali.unused_columns == ("pod_phase", "note")
+    philly = read_trace(write(tmp_path, "p.csv", "timestamp,duration,num_gpus,gpu_time,cluster\n"
+                              "2017-10-03 10:00:00,60,2,120,vc1\n"), "philly")
+    assert philly.unused_columns == ("gpu_time", "cluster")
+    # SWF: a field not read counts as carried only where a row gives it a value (not -1).
+    swf = read_trace(write(tmp_path, "l.swf", SWF_LINE), "swf")
+    assert swf.unused_columns == ("status", "user", "group", "queue")
+
+
+def test_alibaba_gpu_spec(tmp_path: Path) -> None:
+    p = write(tmp_path, "pods.csv", ALI_HEAD
+              + "p1,1000,1024,1,1000,V100M16|V100M32,LS,Running,1,2,1\n"
+              + "p2,1000,1024,1,1000, T4 ,LS,Running,1,2,1\n"
+              + "p3,1000,1024,0,0,T4,LS,Running,1,2,1\n"
+              + "p4,1000,1024,1,1000,,LS,Running,1,2,1\n")
+    by = {j.id: j.gpu_models for j in read_trace(p, "alibaba").jobs}
+    # A CPU-only pod's spec constrains nothing; empty: any model.
+    assert by == {"p1": ("V100M16", "V100M32"), "p2": ("T4",), "p3": (), "p4": ()}
+    bad = write(tmp_path, "bad.csv", ALI_HEAD + "p1,1000,1024,1,1000,T4;rm,LS,Running,1,2,1\n")
+    with pytest.raises(TraceError, match=r"bad\.csv:2: field 'gpu_spec' = 'T4;rm': 'T4;rm' is "
+                                         "not a GPU model name"):
+        read_trace(bad, "alibaba")
