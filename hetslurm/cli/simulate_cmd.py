@@ -44,6 +44,9 @@ def _default_workload() -> str:
               help="Skip this many jobs of the trace (by submit time).")
 @click.option("--jobs", "limit", default=None, type=click.IntRange(min=1),
               help="Replay at most this many jobs from --first [default: all].")
+@click.option("--rows-out", "rows_out", default=None, type=click.Path(dir_okay=False),
+              help="Append each (policy, load) row to this file as one JSON line the moment "
+                   "it is done, so a sweep stopped part-way keeps every finished row.")
 @click.option("--plot", "plot_dir", default=None, type=click.Path(file_okay=False),
               help="Write wait CDF, wait vs load and GPUs busy over time (PNG) here.")
 @click.option("--validate", "workload_file", is_flag=False, flag_value=_DEFAULT_WORKLOAD,
@@ -69,7 +72,7 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
              params_file: str | None, policies: tuple[str, ...], loads: tuple[float, ...],
              first: int, limit: int | None, plot_dir: str | None, workload_file: str | None,
              testbed_dir: str | None, sim_only: bool, speed_exponent: float,
-             backfill: str | None, output_format: str) -> None:
+             backfill: str | None, rows_out: str | None, output_format: str) -> None:
     """Replay a trace through Slurm's priority order and backfill as each policy
     configures it.
 
@@ -79,6 +82,8 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
     Prints one row per policy and load (waits in seconds, energy in kWh) and, with
     --format json, the full measures, a summary per policy (highest load with bounded mean
     wait, ratios to slurm-default) and what was dropped. A progress bar goes to stderr.
+    An internal error of one replay fails that row only (its "error" says why; the others
+    are printed; exit status 1); --rows-out keeps each row as it finishes.
 
     With --validate [WORKLOAD] it replays the committed workload on the local testbed
     (sbatch, #HET directives for hetslurm) and in the simulator, and prints per policy
@@ -93,7 +98,8 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
                  if v is not None] + (["--load"] if loads else []) + (
                      ["--first"] if first else []) + (
                      ["--speed-exponent"] if speed_exponent != 1.0 else []) + (
-                     ["--backfill"] if backfill else [])
+                     ["--backfill"] if backfill else []) + (
+                     ["--rows-out"] if rows_out else [])
         if given:
             raise click.UsageError(f"{', '.join(given)}: not with --validate (the workload "
                                    "file fixes the site, parameters and jobs)")
@@ -120,17 +126,52 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
         params = replace(params, backfill=backfill)
     trace = read_trace(trace_file, trace_format)
     swept = loads or (1.0,)
+    on_row = _row_writer(rows_out) if rows_out else None
     with progress_bar() as bar:
         result = run_simulation(site, trace, params, policies=chosen, loads=swept,
-                                first=first, limit=limit, progress=_by_load(bar, swept))
+                                first=first, limit=limit, progress=_by_load(bar, swept),
+                                on_row=on_row)
     if plot_dir is not None:
         from hetslurm.simulate.plots import write_plots
 
         for written in write_plots(result, plot_dir):
             click.echo(f"simulate: wrote {written}", err=True)
-    rows = [{k: _round(r.get(k)) for k in _ROW_KEYS} for r in result.rows]
+    failed = [r for r in result.rows if "error" in r]
+    keys = (*_ROW_KEYS, "error") if failed else _ROW_KEYS
+    rows = [{k: _round(r.get(k)) for k in keys} for r in result.rows]
     emit(rows, output_format, title=f"simulate {trace_format} on {site.name}",
          document=result.to_dict())
+    for r in failed:
+        click.echo(f"simulate: {r['policy']} at load {r['load']:g} failed: {r['error']}",
+                   err=True)
+    disagreed = sum(r.get("internal_disagreements") or 0 for r in result.rows)
+    if disagreed:
+        click.echo(f"simulate: the placement core overruled the free counts {disagreed} "
+                   "time(s) (meta.disagreement_examples); please report it", err=True)
+    if failed:
+        raise SystemExit(1)
+
+
+def _row_writer(path: str) -> Callable[[dict[str, object]], None]:
+    """Append a row as one JSON line, the file opened and closed for each (a row is done
+    every few seconds at most); refused at once when the file cannot be written."""
+    import json
+
+    from hetslurm.errors import ConfigError
+
+    def write(row: dict[str, object]) -> None:
+        try:
+            with open(path, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps(row, sort_keys=False) + "\n")
+        except OSError as exc:
+            raise ConfigError(f"cannot write --rows-out: {exc.strerror}", file=path) from exc
+
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"cannot write --rows-out: {exc.strerror}", file=path) from exc
+    return write
 
 
 def _validate(path: str, policies: tuple[str, ...], limit: int | None,

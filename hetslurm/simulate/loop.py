@@ -208,6 +208,17 @@ class Shape:
     def verdict(self, s: State) -> int:
         return self.check(s.gpu_cnt, s.core_cnt, s.mem_free)
 
+    def fitting(self, s: State) -> list[int]:
+        """The nodes whose free counts hold one share of this shape (for a report)."""
+        idx = self.idx
+        fit = s.core_cnt[idx] >= self.nc
+        if self.ng:
+            fit &= s.gpu_cnt[idx] >= self.ng
+        if self.mem > 0:
+            fit &= s.mem_free[idx] >= self.mem
+        out: list[int] = idx[fit].tolist()
+        return out
+
 
 @dataclass
 class Stats:
@@ -222,6 +233,33 @@ class Stats:
     saturated_completions: int = 0
     core_calls: int = 0  # placement-core calls (the count checks answer the rest)
     core_builds: int = 0
+    #: Times the free counts and the placement core disagreed (the counts admitted what
+    #: the core refused): the core's answer was taken and the replay went on. The first
+    #: few, each with its time, job, request and the nodes the counts offered.
+    disagreements: int = 0
+    disagreement_examples: list[dict[str, object]] = field(default_factory=list)
+
+    def disagree(self, t: float, job: SimJob, what: str, nodes: Sequence[int]) -> None:
+        """Count one disagreement (kept as an example while there are few)."""
+        self.disagreements += 1
+        if len(self.disagreement_examples) < MAX_DISAGREEMENT_EXAMPLES:
+            self.disagreement_examples.append({
+                "time": t, "job": job.id, "what": what, "request": repr(job.kr),
+                "partition": job.partition, "nodes_counted_free": [int(n) for n in nodes[:8]],
+            })
+
+
+#: Disagreements kept as examples per replay.
+MAX_DISAGREEMENT_EXAMPLES = 10
+
+
+class Disagreement(RuntimeError):
+    """The free counts admitted a placement that the placement core refused."""
+
+    def __init__(self, what: str, sh: Shape, nodes: Sequence[int] = ()) -> None:
+        super().__init__(f"placement core refused {what} the count check admits: {sh.kr} in "
+                         f"partition {sh.part!r}")
+        self.what, self.shape, self.nodes = what, sh, list(nodes)
 
 
 @dataclass
@@ -307,8 +345,7 @@ class Placer:
             return PROBE
         alloc = try_place(cores.get(sh.part, state), sh, self.model, commit, self.stats)
         if alloc is None and v == YES:
-            raise RuntimeError(f"placement core refused a request the count check admits: "
-                               f"{sh.kr} in partition {sh.part!r}")
+            raise Disagreement("a request", sh, sh.fitting(state))
         return alloc
 
 
@@ -483,7 +520,12 @@ class Replay:
         (``ranked=False``): a model of Slurm's main scheduler only (docs/simulate.md)."""
         alloc = None
         for sh in (self.ranked.get(pos) if ranked else None) or (self.shapes[pos],):
-            alloc = self.placer.place(sh, self.now, self.cores_now, commit=True, is_now=True)
+            try:
+                alloc = self.placer.place(sh, self.now, self.cores_now, commit=True,
+                                          is_now=True)
+            except Disagreement as exc:  # the core decides: it does not fit there now
+                self.stats.disagree(t, self.jobs[pos], exc.what, exc.nodes)
+                alloc = None
             if alloc is not None:
                 break
         if alloc is None:

@@ -68,8 +68,15 @@ def simulate(
     site: Site, trace: Trace, params: Params, *, policies: Sequence[str],
     loads: Sequence[float], first: int = 0, limit: int | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
 ) -> SimulationResult:
     """Replay ``trace`` (jobs ``first .. first+limit``) under each policy at each load.
+
+    Each (policy, load) row is handed to ``on_row`` as soon as it is done. An internal error
+    of one replay becomes that row's ``error`` (its measures absent) and the sweep goes on;
+    ``meta.failed_rows`` counts them. Each row's ``internal_disagreements`` counts the
+    times the free counts admitted what the placement core refused (the core decided);
+    ``meta.disagreement_examples`` keeps the first few per row, with job and nodes.
 
     Raises:
         ConfigError: a policy the parameter file does not define, a load <= 0, a partition
@@ -90,6 +97,7 @@ def simulate(
     base = ClusterModel.from_site(site)
     rows: list[dict[str, Any]] = []
     traces: dict[tuple[str, float], RunTrace] = {}
+    examples: dict[str, list[dict[str, object]]] = {}
     for p in policies:
         model = node_weights(base, params.policies[p])
         names = partition_names(jobs[p])
@@ -100,15 +108,27 @@ def simulate(
             if progress is not None:
                 def tick(done: int, _p: str = p, _n: int = len(jobs[p])) -> None:
                     progress(_p, done, _n)
-            res = run_replay(params, model, jobs[p], parts, load=load, progress=tick)
             row: dict[str, Any] = {"policy": p, "load": load}
-            row.update(measure(model, res))
+            try:
+                res = run_replay(params, model, jobs[p], parts, load=load, progress=tick)
+            except (ConfigError, KeyboardInterrupt):
+                raise
+            except Exception as exc:
+                # An internal error of the replay: this row says so and the sweep goes on.
+                row["error"] = f"{type(exc).__name__}: {exc}"
+            else:
+                row.update(measure(model, res))
+                row["internal_disagreements"] = res.stats.disagreements
+                if res.stats.disagreement_examples:
+                    examples[f"{p}@{load:g}"] = res.stats.disagreement_examples
+                traces[(p, load)] = RunTrace(
+                    [r.start - r.submit for r in res.records],
+                    [(r.start, r.end, r.job.gpus) for r in res.records],
+                )
             row["seconds"] = round(time.perf_counter() - began, 3)
             rows.append(row)
-            traces[(p, load)] = RunTrace(
-                [r.start - r.submit for r in res.records],
-                [(r.start, r.end, r.job.gpus) for r in res.records],
-            )
+            if on_row is not None:
+                on_row(row)
     summary = _summary(rows, params, policies, loads)
     meta = {
         "site": site.name, "trace": trace.path, "format": trace.format,
@@ -119,6 +139,8 @@ def simulate(
         "trace_values": trace_values(sample, site, params, policies), "params": params.path,
         "backfill": params.backfill, "backfill_depth": params.backfill_depth,
         "backfill_window_s": params.backfill_window_s,
+        "failed_rows": sum(1 for r in rows if "error" in r),
+        "disagreement_examples": examples,
     }
     return SimulationResult(rows, summary, meta, traces)
 
@@ -129,7 +151,8 @@ def _summary(rows: list[dict[str, Any]], params: Params, policies: Sequence[str]
     by = {(r["policy"], r["load"]): r for r in rows}
     out = []
     for p in policies:
-        bounded = [x for x in loads if by[(p, x)]["mean_wait_s"] <= params.bounded_mean_wait_s
+        bounded = [x for x in loads if "error" not in by[(p, x)]
+                   and by[(p, x)]["mean_wait_s"] <= params.bounded_mean_wait_s
                    and by[(p, x)]["unfinished"] == 0]
         entry: dict[str, Any] = {
             "policy": p,
@@ -139,10 +162,10 @@ def _summary(rows: list[dict[str, Any]], params: Params, policies: Sequence[str]
         if "slurm-default" in policies and p != "slurm-default":
             for x in loads:
                 a, b = by[(p, x)], by[("slurm-default", x)]
-                entry[f"wait_ratio@{x:g}"] = _ratio(a["mean_wait_s"], b["mean_wait_s"])
-                entry[f"throughput_ratio@{x:g}"] = _ratio(a["completions_per_h_saturated"],
-                                                         b["completions_per_h_saturated"])
-                entry[f"jct_ratio@{x:g}"] = _ratio(a["mean_jct_s"], b["mean_jct_s"])
+                entry[f"wait_ratio@{x:g}"] = _ratio(a.get("mean_wait_s"), b.get("mean_wait_s"))
+                entry[f"throughput_ratio@{x:g}"] = _ratio(a.get("completions_per_h_saturated"),
+                                                         b.get("completions_per_h_saturated"))
+                entry[f"jct_ratio@{x:g}"] = _ratio(a.get("mean_jct_s"), b.get("mean_jct_s"))
         out.append(entry)
     return out
 

@@ -37,6 +37,7 @@ import numpy.typing as npt
 
 from hetslurm.simulate.loop import (
     Alloc,
+    Disagreement,
     Pending,
     Released,
     Replay,
@@ -137,9 +138,28 @@ class SlurmRules:
                 raw = raws.get(id(sh))
                 if raw is None:
                     if view is None:
-                        view = _ReleaseView(now, r.table)
+                        view = _ReleaseView(now, r.table, t)
                     raw = raws[id(sh)] = view.earliest(sh, now, t, n)
-                found = _earliest_exact(t, r, sh, raw, resv, limit, horizon, weight)
+                try:
+                    found = _earliest_exact(t, r, sh, raw, resv, limit, horizon, weight)
+                    if found is not None and found[0] == t and found[2] is None:
+                        # Nothing blocks it now: the partition's core commits it.
+                        if not r.start_now(pos, t, ranked=False):
+                            raise Disagreement("a backfill start", sh,
+                                               np.flatnonzero(raw == t).tolist())
+                        found = None
+                        stats.backfilled += 1
+                        started.add(q)
+                        view = None
+                        raws.clear()
+                        reuse = []
+                        continue
+                except Disagreement as exc:
+                    # The counts and the core disagree: the core decides, asked at every
+                    # candidate time as for the shapes the counts do not decide.
+                    stats.disagree(t, r.jobs[pos], exc.what, exc.nodes)
+                    raws.pop(id(sh), None)
+                    found = _probe_core(t, r, sh, resv, limit, horizon)
             if found is None:
                 hopeless[id(sh)] = min(limit, hopeless.get(id(sh), math.inf))
                 tested_now.append((pos, None, None))
@@ -147,13 +167,9 @@ class SlurmRules:
             reuse = []  # a job that found nothing last time found something: the rest differs
             when, nodes, alloc = found
             if when == t:
-                if alloc is None:  # nothing blocks it now: the partition's core commits it
-                    if not r.start_now(pos, t, ranked=False):
-                        raise RuntimeError(f"placement core refused a backfill start the "
-                                           f"count check admits: {sh.kr}")
-                else:
-                    r.cores_now.touched(alloc.nodes, None)
-                    r.start(pos, alloc, t)
+                assert alloc is not None
+                r.cores_now.touched(alloc.nodes, None)
+                r.start(pos, alloc, t)
                 stats.backfilled += 1
                 started.add(q)
                 view = None
@@ -169,13 +185,22 @@ class SlurmRules:
 class _ReleaseView:
     """The running jobs' holdings per node in the order of their planned ends: what each
     node has free once the jobs ending by a time have ended, for every such time at once
-    (cumulative sums within each node's entries)."""
+    (cumulative sums within each node's entries).
 
-    def __init__(self, now: State, table: RunTable) -> None:
+    A job still running at ``t`` whose planned end is not after ``t`` (a zero time limit:
+    SWF logs hold jobs that ran 0 s) holds its resources for the whole pass at ``t`` (its
+    end is the next event at the same time): it is planned to release them at the first
+    time after ``t`` that a pass tests, the earliest planned end after ``t`` (every
+    reservation ends later than that), never at ``t`` itself."""
+
+    def __init__(self, now: State, table: RunTable, t: float) -> None:
         live = np.flatnonzero(table.live)
         ent = live[np.lexsort((table.end[live], table.node[live]))]
         node = table.node[ent]
-        self.node, self.end = node, table.end[ent]
+        end = table.end[ent]
+        later = end[end > t]
+        self.node, self.end = node, np.where(end > t, end, later.min() if len(later)
+                                             else math.inf)
         same = np.zeros(len(ent), dtype=bool)
         same[1:] = node[1:] == node[:-1]
         self.same_prev = same
@@ -286,7 +311,7 @@ def _earliest_exact(t: float, cx: Replay, sh: Shape, raw: npt.NDArray[np.float64
             pushed = resv.push(maybe, raw[maybe], limit)
             e[maybe] = pushed
             when = min(when, float(np.min(pushed)))
-        if when > horizon:
+        if when > horizon or when == math.inf:  # inf: no node can ever hold it
             return None
         feasible = e == when
     else:
@@ -332,8 +357,7 @@ def _core_place(cx: Replay, sh: Shape, state: State,
     cx.stats.core_builds += 1
     alloc = try_place(core, sh, cx.model, False, cx.stats)
     if alloc is None:
-        raise RuntimeError(f"placement core refused a placement the count check admits: "
-                           f"{sh.kr} in partition {sh.part!r}")
+        raise Disagreement("a placement", sh, np.flatnonzero(usable).tolist())
     return alloc
 
 

@@ -330,7 +330,9 @@ def _slurm_backfill(t: float, cx: Ctx, pending: Pending, done: set[int], depth: 
         state = cx.free.copy()
         released = 0
         for when in times:
-            while released < len(order) and ends[released] <= when:
+            # A job still running now holds its resources now, whatever its planned end (a
+            # zero time limit plans it to end now; its end is the next event at t).
+            while when > t and released < len(order) and ends[released] <= when:
                 state.give(cx.running[order[released]].alloc)
                 released += 1
             usable = np.ones(cx.model.n_nodes, dtype=np.uint8)

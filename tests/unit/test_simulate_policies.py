@@ -347,3 +347,46 @@ def test_trace_gpu_constraint_is_honoured_by_every_policy(toy: Site, params: Par
                           cores_per_gpu='cores_per_gpu = 4\ntrace_gpu_models = { T4 = "k80" }')
     got = replay_policy(toy, aliased, jobs)
     assert got["hetslurm"]["t4"][2] == "g2"
+
+
+def test_a_failing_replay_loses_its_row_not_the_sweep(toy: Site, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import hetslurm.simulate.run as run
+
+    trace = tmp_path / "philly.csv"
+    trace.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n" + "".join(
+        f"2017-10-09 07:{i:02d}:00,{300 + 10 * i},1,0,a\n" for i in range(10)))
+    params = tmp_path / "p.toml"
+    params.write_text(SHIPPED.read_text().replace(
+        "untyped_shares = { vision = 0.396, language = 0.379, recommendation = 0.191, rl = 0.035 }",
+        "untyped_shares = { vision = 0.5, rl = 0.5 }"))
+    real = run.run_replay
+    calls = []
+
+    def flaky(*args: object, **kw: object) -> object:
+        calls.append(kw["load"])
+        if len(calls) == 2:
+            raise RuntimeError("placement core refused a backfill start (test)")
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(run, "run_replay", flaky)
+    out = tmp_path / "rows.jsonl"
+    r = CliRunner().invoke(cli, [
+        "simulate", "--site", toy.path, "--trace", str(trace), "--trace-format", "philly",
+        "--params", str(params), "--load", "1", "--load", "2", "--format", "json",
+        "--rows-out", str(out)])
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.stdout)
+    assert doc["meta"]["failed_rows"] == 1
+    assert [("error" in row, row["policy"], row["load"]) for row in doc["rows"]] == [
+        (False, "slurm-default", 1.0), (True, "slurm-default", 2.0),
+        (False, "hetslurm", 1.0), (False, "hetslurm", 2.0)]
+    assert doc["rows"][1]["error"].startswith("RuntimeError: placement core refused")
+    assert all(row["internal_disagreements"] == 0 for row in doc["rows"] if "error" not in row)
+    assert "simulate: slurm-default at load 2 failed: RuntimeError" in r.stderr
+    # The summary has no ratio where a row is missing, and the others stand.
+    het = doc["summary"][1]
+    assert het["wait_ratio@2"] is None and "wait_ratio@1" in het
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(x["policy"], x["load"]) for x in lines] == [(x["policy"], x["load"])
+                                                         for x in doc["rows"]]

@@ -5,6 +5,7 @@ reservations and backfilled jobs, with and without a backfill window."""
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -103,3 +104,88 @@ def test_fast_path_equals_reference_on_a_flat_site_with_multi_node_jobs() -> Non
                                time_limit=run * rng.choice((1.0, 2.0)), gpus=gpus))
         res = _same(model, jobs, parts, depth=50, load=1.0)
         assert res.stats.reservations > 0 and res.stats.backfilled > 0
+
+
+def _generated(model: ClusterModel, n: int, seed: int) -> list[SimJob]:
+    """A generated trace on ``model``: bursts of 1-core and whole-node CPU jobs in every
+    partition, a share of GPU jobs, and runtimes of 0 s (SWF grid logs hold thousands: a job
+    planned to end the instant it starts) beside 1 s to an hour; limits equal to runtimes."""
+    import random
+
+    from replay_cases import SLURM
+
+    from hetslurm.placement.place import compile_request
+    from hetslurm.request.language import Request
+
+    rng = random.Random(seed)
+    # The widest node each partition's jobs may use ("cpu": CPU-only nodes).
+    widest = {"*": int(model.cores_total.max()),
+              "gpu": int(model.cores_total[model.gpu_count > 0].max()),
+              "cpu": int(model.cores_total[model.gpu_count == 0].max())}
+    krs = {}
+    jobs, t = [], 0.0
+    for i in range(n):
+        t += rng.expovariate(1 / rng.choice((0.2, 2.0, 20.0)))
+        run = rng.choice((0.0, 0.0, 1.0, 30.0, 600.0, 3600.0))
+        gpus = rng.choice((0, 0, 0, 1, 2))
+        part = "gpu" if gpus else rng.choice(("*", "cpu"))
+        req = Request(gpus_per_node=gpus, cores_per_node=rng.choice((1, 1, 4, widest[part])),
+                      mem_per_node_mib=rng.choice((None, 4000)), cpu_only=part == "cpu")
+        if req not in krs:
+            krs[req] = compile_request(model, req, SLURM)
+        jobs.append(SimJob(index=i, id=f"z{i}", cls="x", submit=t, priority=rng.choice((0, 1)),
+                           partition=part, kr=krs[req],
+                           runtime={m: run for m in (-1, *range(len(model.gpu_models)))},
+                           time_limit=run, gpus=gpus))
+    return jobs
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_zero_length_jobs_never_lend_what_they_hold(
+        case_study: tuple[ClusterModel, dict[str, tuple[int, ...]]], seed: int) -> None:
+    # Issue 24: a 188k-job SWF grid trace stopped with "placement core refused a backfill
+    # start the count check admits" (a 1-core CPU job). A job started in a pass with a 0 s
+    # limit is planned to end at that very time: the backfill's release view counted its
+    # cores free *now*, and the reference loop gave them to a second job at once (both
+    # wrong: it holds them until its end event, the next at the same time). Both now plan
+    # its release for the next time a pass tests, and agree job for job.
+    model, parts = case_study
+    jobs = _generated(model, 250, seed)
+    res = _same(model, jobs, parts, depth=50, load=8.0)
+    assert res.stats.backfilled > 0 and res.stats.reservations > 0
+    # No core is ever given to two jobs at once.
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for r in res.records:
+        for c in r.alloc.cores.tolist():
+            spans.setdefault(c, []).append((r.start, r.end))
+    for held in spans.values():
+        held.sort()
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(held))
+
+
+def test_a_disagreement_is_reported_and_the_core_decides(
+        case_study: tuple[ClusterModel, dict[str, tuple[int, ...]]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Free counts that lie (every node "fits now") must not stop the replay: each start the
+    # core refuses is counted, kept as an example with the job and the nodes, and the job is
+    # decided by the core at every candidate time, so the replay is the honest one.
+    from hetslurm.simulate import slurm_backfill
+
+    model, parts = case_study
+    jobs = _generated(model, 150, 5)
+    honest = replay_slurm(model, jobs, parts, backfill_depth=50, load=8.0)
+    assert honest.stats.disagreements == 0
+
+    def lying(self: object, sh: object, now: object, t: float, n: int) -> object:
+        import numpy as np
+
+        return np.full(n, t)
+
+    monkeypatch.setattr(slurm_backfill._ReleaseView, "earliest", lying)
+    res = replay_slurm(model, jobs, parts, backfill_depth=50, load=8.0)
+    assert res.stats.disagreements > 0
+    ex = res.stats.disagreement_examples[0]
+    assert ex["what"] == "a backfill start" and ex["job"].startswith("z")
+    assert ex["nodes_counted_free"]
+    assert outcome(res) == outcome(honest)
+    assert res.unfinished == 0
