@@ -239,34 +239,26 @@ class _ReleaseView:
 
 
 class _NodeResv:
-    """The whole-node reservations of one backfill pass: per node its spans, sorted and
-    disjoint (a reservation only takes nodes free of others for its window), in a padded
-    array (row = node, ``inf`` beyond the node's count), and all spans in lists for the
-    multi-node test."""
+    """The whole-node reservations of one backfill pass: per node its spans sorted by start
+    (disjoint: a reservation only takes nodes free of others for its window), as two Python
+    lists (a node holds a few dozen at most, walked one by one: cheaper than arrays for the
+    handful of nodes a push asks about), and all spans in lists for the multi-node test."""
 
     def __init__(self, n: int) -> None:
         self.n = n
         self.reserved = np.zeros(n, dtype=bool)
-        self.cnt = np.zeros(n, dtype=np.int64)
-        self.rs = np.full((n, 4), math.inf)
-        self.re = np.full((n, 4), math.inf)
+        self.starts: list[list[float]] = [[] for _ in range(n)]
+        self.ends: list[list[float]] = [[] for _ in range(n)]
         self.node: list[int] = []
         self.start: list[float] = []
         self.end: list[float] = []
 
     def add(self, nodes: list[int], start: float, end: float) -> None:
         for node in nodes:
-            c = int(self.cnt[node])
-            if c == self.rs.shape[1]:
-                pad = np.full((self.n, c), math.inf)
-                self.rs = np.hstack((self.rs, pad))
-                self.re = np.hstack((self.re, pad.copy()))
-            row_s, row_e = self.rs[node], self.re[node]
-            at = int(np.searchsorted(row_s[:c], start, side="right"))
-            row_s[at + 1: c + 1] = row_s[at:c].copy()
-            row_e[at + 1: c + 1] = row_e[at:c].copy()
-            row_s[at], row_e[at] = start, end
-            self.cnt[node] = c + 1
+            row_s = self.starts[node]
+            at = bisect.bisect_right(row_s, start)
+            row_s.insert(at, start)
+            self.ends[node].insert(at, end)
             self.reserved[node] = True
             self.node.append(node)
             self.start.append(start)
@@ -275,14 +267,19 @@ class _NodeResv:
     def push(self, nodes: npt.NDArray[np.int64], s: npt.NDArray[np.float64],
              limit: float) -> npt.NDArray[np.float64]:
         """For each of ``nodes``, the earliest time >= ``s`` at which it is free of
-        reservations for ``limit`` seconds (one pass over its spans: they are sorted and
-        disjoint, so a span before the moved start is already behind it)."""
-        s = s.copy()
-        for j in range(int(np.max(self.cnt[nodes]))):
-            rs, re = self.rs[nodes, j], self.re[nodes, j]
-            hit = (rs < s + limit) & (s < re)
-            s[hit] = re[hit]
-        return s
+        reservations for ``limit`` seconds (one pass over its spans in start order: a span
+        that overlaps moves the start to its end; the first that starts after the moved
+        start's window ends the walk, every later one starting later still)."""
+        out = s.copy()
+        for i, node in enumerate(nodes.tolist()):
+            x = float(out[i])
+            for a, b in zip(self.starts[node], self.ends[node], strict=True):
+                if a >= x + limit:
+                    break
+                if x < b:
+                    x = b
+            out[i] = x
+        return out
 
     def blocked(self, when: float, limit: float) -> npt.NDArray[np.bool_]:
         """Nodes with a reservation overlapping [when, when + limit)."""
