@@ -177,6 +177,10 @@ class Shape:
         self.mrank = np.asarray(kr.gpu_rank, dtype=np.int32).reshape(-1)
         self.frank = np.asarray(kr.fpga_rank, dtype=np.int32).reshape(-1)
         self.w = np.asarray(kr.weights, dtype=np.int64)
+        #: The score is the node weight alone (every term but the weight's is 0), and that
+        #: term's weight: a backfill model may choose nodes by weight without the core.
+        self.weight_only = not bool(np.any(self.w[:-2]))
+        self.weight_term = int(self.w[6])
         self.out_nodes = np.full(max(k, 1), -1, dtype=np.int32)
         self.out_gpus = np.full(max(k * kr.gpus, 1), -1, dtype=np.int32)
         self.out_fpgas = np.full(max(k * kr.fpgas, 1), -1, dtype=np.int32)

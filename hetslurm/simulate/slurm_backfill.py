@@ -327,12 +327,16 @@ def _earliest_exact(t: float, cx: Replay, sh: Shape, raw: npt.NDArray[np.float64
             return when, [], None  # nothing now is blocked: the partition's core places it
         alloc = _core_place(cx, sh, cx.now, feasible)
         return when, [], alloc
-    if not any(sh.w[:-2]) and (sh.k == 1 or len(cx.model.switch_parent) == 1):
+    if sh.weight_only and (sh.k == 1 or len(cx.model.switch_parent) == 1):
         # The core's choice where the score is the node weight alone and one switch holds
         # every node (or one node is asked for): the k lowest scores (node weight times its
         # term weight), ties to the lower index.
         cand = np.flatnonzero(feasible)
-        key = weight[cand] * (int(sh.w[6]) * (n + 1)) + cand
+        if len(cand) == sh.k:
+            return when, cand.tolist(), None
+        key = weight[cand] * (sh.weight_term * (n + 1)) + cand
+        if sh.k == 1:
+            return when, [int(cand[int(np.argmin(key))])], None
         best = cand[np.argsort(key, kind="stable")[: sh.k]]
         return when, sorted(best.tolist()), None
     state = _state_at(cx, when)
