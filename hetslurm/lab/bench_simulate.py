@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,7 +33,9 @@ def bench_simulate(site: Site, params: Params, *, policies: Sequence[str],
                    backfills: Sequence[str] = ("easy", "slurm"),
                    ) -> list[dict[str, Any]]:
     """Time one replay per trace, load, backfill model and policy (job preparation
-    excluded).
+    excluded). Each row carries the machine's 1-minute load average before and after it
+    (``loadavg_1m``) and, for a model other than EASY, its time over the EASY replay of
+    the same trace, load and policy in this run (``vs_easy``; EASY runs first).
 
     ``loads`` replaces a run's load by the given ones, by trace name (``{"philly": [0.1,
     0.2]}``); traces it does not name keep their default load.
@@ -63,13 +66,20 @@ def bench_simulate(site: Site, params: Params, *, policies: Sequence[str],
                             for b in backfills for p in policies):
             model = node_weights(base, params.policies[p])
             parts = {n: partition_nodes(site, model, n) for n in partition_names(jobs[p])}
+            avg_before = os.getloadavg()[0]
             began = time.perf_counter()
             res = run_replay(params, model, jobs[p], parts, load=load, backfill=bf)
             seconds = time.perf_counter() - began
             span = max(res.makespan - res.first_submit, 1e-9)
+            easy = next((r["seconds"] for r in out if r["trace"] == name and r["load"] == load
+                         and r["policy"] == p and r["model"] == "easy"), None)
             out.append({
-                "trace": name, "policy": p, "backfill": bf, "load": load, "jobs": len(jobs[p]),
+                "trace": name, "policy": p, "model": bf, "backfill": bf, "load": load,
+                # Class labels are drawn by a stable hash of the job id: no seed to vary yet.
+                "seed": None, "jobs": len(jobs[p]),
                 "dropped": sum(dropped.values()), "seconds": round(seconds, 3),
+                "vs_easy": (round(seconds / easy, 2) if bf != "easy" and easy else None),
+                "loadavg_1m": [round(avg_before, 2), round(os.getloadavg()[0], 2)],
                 "jobs_per_s": round(len(jobs[p]) / seconds, 1) if seconds > 0 else None,
                 "mean_queue_depth": round(res.stats.queue_area / span, 3),
                 "scheduling_passes": res.stats.passes,

@@ -226,9 +226,11 @@ def test_bench_simulate_reports_each_trace_and_policy() -> None:
     assert [(r["trace"], r["backfill"], r["policy"]) for r in rows] == [
         (t, b, p) for t in ("alibaba", "philly") for b in ("easy", "slurm") for p in POLICIES]
     for r in rows:
-        assert {"trace", "policy", "backfill", "load", "jobs", "seconds", "jobs_per_s",
-                "mean_queue_depth"} <= set(r)
-        assert 0 < r["jobs"] <= 50 and r["seconds"] > 0
+        assert {"trace", "policy", "backfill", "model", "seed", "load", "jobs", "seconds",
+                "jobs_per_s", "mean_queue_depth", "loadavg_1m", "vs_easy"} <= set(r)
+        assert 0 < r["jobs"] <= 50 and r["seconds"] > 0 and len(r["loadavg_1m"]) == 2
+        # Each slurm row against the EASY row of the same trace, load and policy.
+        assert (r["vs_easy"] is None) == (r["model"] == "easy")
     only = bench_simulate(site, params, policies=POLICIES, limit=20, backfills=("slurm",))
     assert {r["backfill"] for r in only} == {"slurm"}
     with pytest.raises(ConfigError, match="backfill models"):
