@@ -1,4 +1,5 @@
-"""The rebalance ``weights`` phase: measured GPU load to node ``Weight=``, through Slurm.
+"""The rebalance ``weights`` phase: measured GPU load (and, with ``[weights] cpu_load``, a
+CPU-only node's CPULoad) to node ``Weight=``, through Slurm.
 
 :mod:`hetslurm.policy.weights` judges; this module reads what it needs (the live nodes, the
 site's weights, the store's samples, what the action log says hetslurm last wrote) and, with
@@ -21,7 +22,13 @@ from typing import Any
 
 from hetslurm.act.log import ActionLog, select_undo, undoable_actions
 from hetslurm.errors import HetslurmError
-from hetslurm.policy.weights import WeightDecision, WeightRules, decide, node_loads
+from hetslurm.policy.weights import (
+    WeightDecision,
+    WeightRules,
+    cpu_load_of,
+    decide,
+    node_loads,
+)
 from hetslurm.site.model import Site
 from hetslurm.site.schema import Collector, Weights
 from hetslurm.slurm.backend import NodeInfo, SlurmBackend
@@ -59,7 +66,8 @@ def rules_of(site: Site) -> WeightRules:
     stale = float(w.stale_s) if w.stale_s is not None else 3.0 * float(interval)
     return WeightRules(band=w.band, window_s=float(w.window_s), min_samples=w.min_samples,
                        stale_s=stale, hysteresis=w.hysteresis,
-                       release_util_pct=float(w.release_util_pct), hold_s=float(w.hold_s))
+                       release_util_pct=float(w.release_util_pct), hold_s=float(w.hold_s),
+                       cpu_load=w.cpu_load)
 
 
 def written(entries: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, float | None]]:
@@ -80,18 +88,27 @@ def written(entries: Iterable[Mapping[str, Any]]) -> dict[str, tuple[int, float 
 
 def plan_weights(nodes: Sequence[NodeInfo], site: Site, samples: Any, rules: WeightRules,
                  last: Mapping[str, tuple[int, float | None]], *, now: float) -> WeightPlan:
-    """A decision per GPU node of the site that Slurm lists."""
+    """A decision per GPU node of the site that Slurm lists, and per CPU-only node (no GPU,
+    no FPGA) with ``[weights] cpu_load`` (its load from Slurm's CPULoad)."""
     gpu_nodes = {n.name: n.gpus[0].model for n in site.nodes if n.gpus}
     loads = node_loads(samples, gpu_nodes, since=now - rules.window_s, now=now)
     live = {n.name: n for n in nodes}
     plan = WeightPlan()
     for spec in site.nodes:
-        if not spec.gpus or spec.name not in live:
+        node = live.get(spec.name)
+        if node is None:
+            continue
+        if spec.gpus:
+            model, load = spec.gpus[0].model, loads[spec.name]
+        elif rules.cpu_load and not spec.fpgas:
+            model = "cpu"
+            load = cpu_load_of(spec.name, node.cpu_load, node.cpus_total or spec.cpus,
+                               node.state)
+        else:
             continue
         wrote, moved = last.get(spec.name, (None, None))
-        plan.decisions.append(decide(spec.name, spec.gpus[0].model, spec.weight,
-                                     live[spec.name].weight, wrote, moved,
-                                     loads[spec.name], rules, now))
+        plan.decisions.append(decide(spec.name, model, spec.weight, node.weight, wrote,
+                                     moved, load, rules, now))
     return plan
 
 

@@ -18,6 +18,12 @@ The level of a node (0..band) follows the mean utilization of its GPUs over the 
 Unknown never moves anything: a node with fewer than ``min_samples`` known samples (status
 ``ok``, a utilization) in the window, or none newer than ``stale_s``, keeps its weight and the
 plan says why.
+
+CPU-only nodes (``[weights] cpu_load = true``) have no device samples: their load is Slurm's
+own reading, ``CPULoad`` (the load average slurmd reports) over the node's CPUs, as a
+percentage capped at 100 (:func:`cpu_load_of`). It is one live reading, not a window of
+samples, so ``min_samples`` and ``stale_s`` do not apply; hysteresis and hold do, and a node
+Slurm gives no load for (not registered, down, not responding) is unknown.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ class WeightRules:
     hysteresis: int = 2
     release_util_pct: float = 20.0
     hold_s: float = 600.0
+    #: CPU-only nodes move too, by Slurm's CPULoad.
+    cpu_load: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.band <= MAX_BAND:
@@ -60,6 +68,28 @@ class NodeLoad:
     samples: int  # known samples (status ok with a utilization)
     newest: float | None  # time of the newest known sample
     mean_util_pct: float | None
+    #: ``store``: the collector's samples; ``cpuload``: Slurm's CPULoad, one live reading
+    #: (``detail`` says what was read, or why nothing was).
+    source: str = "store"
+    detail: str | None = None
+
+
+#: Node states in which slurmd's CPULoad is not a reading of now.
+_NO_LOAD_STATES = frozenset({"DOWN", "NOT_RESPONDING", "FUTURE", "UNKNOWN", "POWERED_DOWN",
+                             "POWER_DOWN"})
+
+
+def cpu_load_of(node: str, cpu_load: float | None, cpus: int,
+                state: frozenset[str]) -> NodeLoad:
+    """A CPU-only node's load from Slurm's ``CPULoad`` over its ``cpus``."""
+    bad = sorted(state & _NO_LOAD_STATES)
+    if bad:
+        return NodeLoad(node, 0, None, None, "cpuload",
+                        f"node is {'+'.join(bad)}: its CPULoad is not a reading of now")
+    if cpu_load is None or cpus <= 0:
+        return NodeLoad(node, 0, None, None, "cpuload", "Slurm shows no CPULoad for it")
+    return NodeLoad(node, 1, None, min(100.0, 100.0 * cpu_load / cpus), "cpuload",
+                    f"CPULoad {cpu_load:g} on {cpus} CPUs")
 
 
 @dataclass(frozen=True)
@@ -123,11 +153,14 @@ def decide(node: str, model: str, site_weight: int, live_weight: int,
         return WeightDecision(node, model, site_weight, live_weight, last_written, target,
                               level, load.mean_util_pct, action, why)
 
-    if load.samples < rules.min_samples or load.mean_util_pct is None:
+    if load.source == "cpuload":
+        if load.mean_util_pct is None:
+            return out(current, None, "unknown", f"{load.detail}: nothing moves")
+    elif load.samples < rules.min_samples or load.mean_util_pct is None:
         return out(current, None, "unknown",
                    f"{load.samples} known sample(s) in the window, {rules.min_samples} needed: "
                    "nothing moves")
-    if load.newest is None or now - load.newest > rules.stale_s:
+    elif load.newest is None or now - load.newest > rules.stale_s:
         age = "none" if load.newest is None else f"{now - load.newest:.0f} s old"
         return out(current, None, "unknown",
                    f"newest sample {age} (stale after {rules.stale_s:.0f} s): nothing moves")
@@ -145,6 +178,8 @@ def decide(node: str, model: str, site_weight: int, live_weight: int,
     target = site_weight + level
     if target == live_weight and last_written == target:
         return out(target, level, "keep", f"already at {target}")
+    measured = (f"{load.detail} ({util:.0f}%)" if load.source == "cpuload"
+                else f"mean utilization {util:.0f}% over the window")
     return out(target, level, "set",
-               f"mean utilization {util:.0f}% over the window: level {level} of "
-               f"{rules.band}, weight {target} (site {site_weight})")
+               f"{measured}: level {level} of {rules.band}, weight {target} "
+               f"(site {site_weight})")

@@ -382,6 +382,10 @@ class Weights(_Strict):
     release_util_pct: Annotated[StrictFloat | StrictInt, Field(ge=0, le=100)] = 20
     #: A node that moved less than this ago stays where it is.
     hold_s: Annotated[StrictInt, Field(ge=0, le=7 * 86400)] = 600
+    #: CPU-only nodes (no GPU, no FPGA) move too, by Slurm's CPULoad (the load average slurmd
+    #: reports) over their CPUs. Off by default: where several slurmd share one host (a
+    #: test cluster) every node reads the same load.
+    cpu_load: StrictBool = False
 
 
 register_section("weights", Weights, Weights())

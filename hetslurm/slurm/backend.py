@@ -85,6 +85,9 @@ class NodeInfo:
     sockets: int | None = None
     cores_per_socket: int | None = None
     threads_per_core: int | None = None
+    #: The node's load average as slurmd last reported it (``CPULoad``: 2.11; the JSON
+    #: forms give it times 100); None where Slurm has none (a node that never registered).
+    cpu_load: float | None = None
 
     @property
     def base_state(self) -> str:

@@ -12,6 +12,7 @@ Tested schema: ``squeue --json`` and ``sinfo --json`` with ``meta.plugin.type ==
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
@@ -236,6 +237,7 @@ def _node_from_parts(
     sockets: int | None = None,
     cores_per_socket: int | None = None,
     threads_per_core: int | None = None,
+    cpu_load: float | None = None,
 ) -> NodeInfo:
     used = units.parse_gres(gres_used)
     return NodeInfo(
@@ -256,6 +258,7 @@ def _node_from_parts(
         sockets=units.int_or_none(sockets) or None,
         cores_per_socket=units.int_or_none(cores_per_socket) or None,
         threads_per_core=units.int_or_none(threads_per_core) or None,
+        cpu_load=cpu_load,
     )
 
 
@@ -321,9 +324,16 @@ def parse_sinfo_json(text: str | bytes, what: str = "sinfo --json") -> list[Node
                 sockets=n.uint("sockets"),
                 cores_per_socket=n.uint("cores"),
                 threads_per_core=n.uint("threads"),
+                # A load average times 100 in 22.05's sinfo and in v0.0.42 (211 = 2.11;
+                # scontrol's text of the same node prints CPULoad=2.11).
+                cpu_load=_hundredths(n.uint("cpu_load")),
             )
         )
     return out
+
+
+def _hundredths(value: int | None) -> float | None:
+    return None if value is None else value / 100.0
 
 
 def _document_list(doc: Mapping[str, Any], key: str, what: str) -> list[Any]:
@@ -563,9 +573,21 @@ def parse_scontrol_nodes(text: str) -> list[NodeInfo]:
                 sockets=_int(_first(rec, "Sockets")),
                 cores_per_socket=_int(_first(rec, "CoresPerSocket")),
                 threads_per_core=_int(_first(rec, "ThreadsPerCore")),
+                cpu_load=_load(_first(rec, "CPULoad")),
             )
         )
     return out
+
+
+def _load(text: str | None) -> float | None:
+    """``CPULoad=2.11`` (``N/A`` before the node registered): None where it is no number."""
+    if text is None or units.is_empty(text):
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) and v >= 0 else None
 
 
 def _user_name(text: str | None) -> str | None:

@@ -156,3 +156,46 @@ def test_rollback_leaves_a_weight_changed_since_alone(tmp_path: Path) -> None:
     assert [(s.action, "changed since" in s.detail) for s in steps] == [("none", True)]
     assert apply_rollback(slurm, steps, log, now=NOW + 1) == []
     assert slurm.node(busy).weight == 500
+
+
+def test_cpu_nodes_move_by_slurms_cpuload_when_asked(tmp_path: Path) -> None:
+    # The testbed's slurmd share one host (one CPULoad everywhere), so the CPULoad rule is
+    # tested here: a CPU-only node whose load average is 95% of its CPUs goes behind its
+    # twin; a node Slurm gives no load for, or one that is DOWN, is unknown; GPU and FPGA
+    # nodes keep their own rules; without [weights] cpu_load no CPU node is judged.
+    from hetslurm.site.schema import Weights
+
+    site = demo_site()
+    cpus = [n.name for n in site.nodes if not n.gpus and not n.fpgas]
+    assert len(cpus) >= 2
+    busy, idle = cpus[0], cpus[1]
+    rest = cpus[2:]
+    loads = {busy: 7.6, idle: 0.1}  # 8 CPUs each (the fixture's nodes)
+    nodes = [replace(_node(site, n.name), weight=n.weight, cpu_load=loads.get(n.name))
+             for n in site.nodes]
+    slurm = FakeSlurm(nodes)
+    log = ActionLog(tmp_path / "actions.jsonl")
+    quiet = _samples(site, {})
+    plan, _ = run_weights(slurm, site, quiet, log, apply=False, now=NOW)
+    assert not {d.node for d in plan.decisions} & set(cpus)
+
+    on = replace(site, sections={**site.sections, "weights": Weights(cpu_load=True)})
+    plan, outcomes = run_weights(slurm, on, quiet, log, apply=True, now=NOW)
+    d = {x.node: x for x in plan.decisions}
+    band = rules_of(on).band
+    assert d[busy].action == "set" and d[busy].model == "cpu"
+    assert d[busy].target == site.node(busy).weight + band
+    assert "CPULoad 7.6 on 8 CPUs (95%)" in d[busy].why
+    assert d[idle].action == "keep" and d[idle].target == site.node(idle).weight
+    for name in rest:
+        assert d[name].action == "unknown" and "no CPULoad" in d[name].why
+    assert not {n.name for n in site.nodes if n.fpgas} & set(d)
+    assert [(o.node, o.result) for o in outcomes] == [(busy, "done")]
+    assert slurm.node(busy).weight == site.node(busy).weight + band
+
+    # DOWN: its last reading is no reading of now; nothing moves (the weight stays).
+    down = [replace(n, state=frozenset({"DOWN"})) if n.name == busy else n
+            for n in slurm.nodes()]
+    plan, _ = run_weights(FakeSlurm(down), on, quiet, log, apply=False, now=NOW + 900)
+    d = {x.node: x for x in plan.decisions}
+    assert d[busy].action == "unknown" and "DOWN" in d[busy].why

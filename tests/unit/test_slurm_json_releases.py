@@ -122,3 +122,23 @@ def test_a_line_broken_by_free_text_is_left_out_not_raised() -> None:
             "GRES=gpu:h100:8(IDX:0-7) --wrap sleep 60\n")
     jobs = parse.parse_scontrol_jobs(text)
     assert [j.job_id for j in jobs] == [5]
+
+
+def test_cpu_load_is_read_from_every_form() -> None:
+    # JSON gives the load average times 100 (22.05 sinfo, v0.0.42 scontrol and slurmrestd);
+    # scontrol's text prints it as is. The recordings of each release, cpu1's value.
+    loads = {
+        "22.05 sinfo": parse.parse_sinfo_json((DATA / "sinfo.json").read_text()),
+        "22.05 text": parse.parse_scontrol_nodes(
+            (DATA / "scontrol_show_node_d_o.txt").read_text()),
+        "24.11": parse.parse_sinfo_json(read("24.11", "scontrol-show-node.json")),
+        "24.11 rest": parse.parse_sinfo_json(read("24.11", "rest-nodes.json")),
+        "26.05": parse.parse_sinfo_json(read("26.05", "scontrol-show-node.json")),
+    }
+    got = {k: next(n.cpu_load for n in v if n.name == "cpu1") for k, v in loads.items()}
+    assert got == {"22.05 sinfo": 0.16, "22.05 text": 0.16, "24.11": 2.11,
+                   "24.11 rest": 1.21, "26.05": 0.3}
+    # Not registered yet: no number, no load (never 0).
+    text = (DATA / "scontrol_show_node_d_o.txt").read_text().replace("CPULoad=0.16",
+                                                                    "CPULoad=N/A")
+    assert next(n.cpu_load for n in parse.parse_scontrol_nodes(text) if n.name == "cpu1") is None
