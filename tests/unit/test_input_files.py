@@ -107,7 +107,7 @@ NOT_INPUT = {
     # Outputs.
     ("audit", "--out"), ("state dump", "--out"), ("site import", "--out"),
     ("learn speeds", "--out"), ("learn speeds", "--site-out"), ("learn classes", "--out"),
-    ("advise", "--out"),
+    ("advise", "--out"), ("simulate", "--rows-out"),
     # hetslurm's own cache: a version-checked JSON document, ignored (and said so) when it
     # cannot be read, never an error (hetslurm/audit/scripts.py).
     ("learn speeds", "--script-cache"), ("advise", "--script-cache"),
