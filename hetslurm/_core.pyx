@@ -50,7 +50,8 @@ from libc.stdint cimport int8_t, int32_t, int64_t, uint8_t, uint64_t
 cdef extern from *:
     # GCC/Clang builtin: index of the lowest set bit (argument must be nonzero).
     int __builtin_ctzll(unsigned long long) nogil
-from libc.stdlib cimport free, malloc, qsort
+from libc.math cimport INFINITY
+from libc.stdlib cimport calloc, free, malloc, qsort, realloc
 
 NO_FIT = -1
 ISLAND_SHIFT = SCORE_ISLAND_SHIFT
@@ -1739,3 +1740,265 @@ cdef class PlacementCore:
             if members:
                 out[(key // width - 1, key % width)] = members
         return out
+
+
+# --- Whole-node reservations of a backfill pass ----------------------------------------------
+# Slurm's backfill (sched/backfill, conservative) gives each pending job it tests a reservation
+# of whole nodes for its time limit. The simulator's `slurm` model (hetslurm.simulate.
+# slurm_backfill) asks, for every tested job, the earliest time a shape fits on nodes free of
+# those reservations; NodeSpans answers from per-node span lists in C.
+# hetslurm.placement.spans.NodeSpansReference is the same rule in plain Python.
+
+cdef int _cmp_double(const void *a, const void *b) noexcept nogil:
+    cdef double x = (<const double *>a)[0]
+    cdef double y = (<const double *>b)[0]
+    return (x > y) - (x < y)
+
+
+cdef class NodeSpans:
+    """The whole-node reservations of one backfill pass: per node its spans ``[start, end)``
+    sorted by start (disjoint: a reservation only takes nodes free of others for its window).
+
+    ``earliest_one`` and ``earliest_multi`` answer a shape's earliest start given, per node,
+    the earliest time one share fits there with reservations aside (``raw``: ``inf`` where
+    never); ``feasible_last`` is the node set of the last ``earliest_one`` answer.
+    """
+
+    cdef readonly Py_ssize_t n
+    cdef readonly Py_ssize_t count
+    cdef double **st
+    cdef double **en
+    cdef Py_ssize_t *cnt
+    cdef Py_ssize_t *cap
+    cdef double *e
+    cdef double last_when
+
+    def __cinit__(self, Py_ssize_t n):
+        if n < 0:
+            raise ValueError(f"NodeSpans: n is {n}, must be >= 0")
+        self.n = n
+        self.count = 0
+        self.last_when = INFINITY
+        cdef Py_ssize_t m = n if n > 0 else 1
+        self.st = <double **>calloc(m, sizeof(double *))
+        self.en = <double **>calloc(m, sizeof(double *))
+        self.cnt = <Py_ssize_t *>calloc(m, sizeof(Py_ssize_t))
+        self.cap = <Py_ssize_t *>calloc(m, sizeof(Py_ssize_t))
+        self.e = <double *>calloc(m, sizeof(double))
+        if not (self.st and self.en and self.cnt and self.cap and self.e):
+            raise MemoryError()
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        if self.st != NULL:
+            for i in range(self.n):
+                free(self.st[i])
+        if self.en != NULL:
+            for i in range(self.n):
+                free(self.en[i])
+        free(self.st)
+        free(self.en)
+        free(self.cnt)
+        free(self.cap)
+        free(self.e)
+
+    cdef int _node(self, str fn, object node) except -1:
+        cdef Py_ssize_t i = node
+        if i < 0 or i >= self.n:
+            raise ValueError(f"NodeSpans.{fn}: node {i} outside 0..{self.n - 1}")
+        return <int>i
+
+    def add(self, nodes, double start, double end):
+        """Reserve each of ``nodes`` (node indices) for ``[start, end)``."""
+        cdef Py_ssize_t i, at, c
+        cdef double *s
+        cdef double *f
+        for node in nodes:
+            i = self._node("add", node)
+            c = self.cnt[i]
+            if c == self.cap[i]:
+                self.cap[i] = 8 if c == 0 else 2 * c
+                s = <double *>realloc(self.st[i], self.cap[i] * sizeof(double))
+                if s == NULL:
+                    raise MemoryError()
+                self.st[i] = s
+                f = <double *>realloc(self.en[i], self.cap[i] * sizeof(double))
+                if f == NULL:
+                    raise MemoryError()
+                self.en[i] = f
+            s, f = self.st[i], self.en[i]
+            at = c  # after every span starting at or before `start` (bisect_right)
+            while at > 0 and s[at - 1] > start:
+                s[at] = s[at - 1]
+                f[at] = f[at - 1]
+                at -= 1
+            s[at] = start
+            f[at] = end
+            self.cnt[i] = c + 1
+            self.count += 1
+
+    cdef inline double _push(self, Py_ssize_t i, double x, double limit) noexcept nogil:
+        """The earliest time >= x at which node i is free of spans for ``limit`` seconds:
+        a span that overlaps moves the start to its end; the first one starting after the
+        moved window ends the walk (every later one starts later still)."""
+        cdef Py_ssize_t j
+        cdef double *s = self.st[i]
+        cdef double *f = self.en[i]
+        for j in range(self.cnt[i]):
+            if s[j] >= x + limit:
+                break
+            if x < f[j]:
+                x = f[j]
+        return x
+
+    cdef inline bint _overlaps(self, Py_ssize_t i, double when, double limit) noexcept nogil:
+        cdef Py_ssize_t j
+        cdef double *s = self.st[i]
+        cdef double *f = self.en[i]
+        for j in range(self.cnt[i]):
+            if s[j] >= when + limit:
+                return False
+            if when < f[j]:
+                return True
+        return False
+
+    def reserved(self):
+        """Per node, whether it holds a span (numpy bool array)."""
+        out = np.zeros(self.n, dtype=np.bool_)
+        cdef uint8_t[::1] o = out.view(np.uint8)
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            o[i] = self.cnt[i] > 0
+        return out
+
+    def spans(self, node):
+        """The spans of one node, ``[(start, end), ...]`` in start order (for tests)."""
+        cdef Py_ssize_t i = self._node("spans", node)
+        return [(self.st[i][j], self.en[i][j]) for j in range(self.cnt[i])]
+
+    def push(self, nodes, starts, double limit):
+        """For each of ``nodes``, the earliest time >= its start free of spans for
+        ``limit`` seconds (numpy float64 array)."""
+        cdef const int64_t[::1] nd = np.ascontiguousarray(nodes, dtype=np.int64)
+        cdef const double[::1] s = np.ascontiguousarray(starts, dtype=np.float64)
+        _exact("NodeSpans.push", "starts", s.shape[0], nd.shape[0], "one per node")
+        out = np.empty(nd.shape[0], dtype=np.float64)
+        cdef double[::1] o = out
+        cdef Py_ssize_t j
+        for j in range(nd.shape[0]):
+            o[j] = self._push(self._node("push", nd[j]), s[j], limit)
+        return out
+
+    def blocked(self, double when, double limit):
+        """Nodes with a span overlapping ``[when, when + limit)`` (numpy bool array)."""
+        out = np.zeros(self.n, dtype=np.bool_)
+        cdef uint8_t[::1] o = out.view(np.uint8)
+        cdef Py_ssize_t i
+        if self.count:
+            for i in range(self.n):
+                o[i] = self._overlaps(i, when, limit)
+        return out
+
+    def ends_after(self, double t):
+        """Every span's end later than ``t`` (a list, in no particular order)."""
+        cdef Py_ssize_t i, j
+        return [self.en[i][j] for i in range(self.n) for j in range(self.cnt[i])
+                if self.en[i][j] > t]
+
+    def earliest_one(self, const double[::1] raw, double limit, double t,
+                     const int64_t[::1] weight, int64_t mult):
+        """The earliest time one node holds a one-node shape for ``limit`` seconds clear
+        of spans, ``raw`` being each node's earliest fit with spans aside (>= ``t``).
+
+        Returns ``(when, node, blocked_now)``: ``when`` is ``inf`` where no node ever
+        holds it; ``node`` is the one with the lowest ``weight * mult + index`` among those
+        that hold it at ``when`` (-1 if none); ``blocked_now`` (only when ``when == t``):
+        some node that fits now with spans aside is kept from it by a span. The nodes that
+        hold it at ``when`` stay readable through :meth:`feasible_last`.
+        """
+        cdef str fn = "NodeSpans.earliest_one"
+        _exact(fn, "raw", raw.shape[0], self.n, "one per node")
+        _exact(fn, "weight", weight.shape[0], self.n, "one per node")
+        cdef Py_ssize_t i, best = -1
+        cdef double when = INFINITY, first
+        cdef double *e = self.e
+        cdef bint blocked_now = False
+        cdef int64_t key, best_key = 0
+        with nogil:
+            # The best node without a span; a node with spans can only do better if its
+            # own earliest fit is no later: push those past their spans.
+            for i in range(self.n):
+                if self.cnt[i] == 0 and raw[i] < when:
+                    when = raw[i]
+            first = when
+            for i in range(self.n):
+                if self.cnt[i] == 0:
+                    e[i] = raw[i]
+                elif raw[i] <= first:
+                    e[i] = self._push(i, raw[i], limit)
+                    if e[i] < when:
+                        when = e[i]
+                    if raw[i] == t and e[i] != t:
+                        blocked_now = True
+                else:
+                    e[i] = INFINITY
+            if when < INFINITY:
+                for i in range(self.n):
+                    if e[i] == when:
+                        key = weight[i] * mult + i
+                        if best < 0 or key < best_key:
+                            best, best_key = i, key
+        self.last_when = when
+        return when, best, bool(blocked_now and when == t)
+
+    def feasible_last(self):
+        """The nodes that hold the shape of the last :meth:`earliest_one` at its answer."""
+        out = np.zeros(self.n, dtype=np.bool_)
+        cdef uint8_t[::1] o = out.view(np.uint8)
+        cdef Py_ssize_t i
+        if self.last_when < INFINITY:
+            for i in range(self.n):
+                o[i] = self.e[i] == self.last_when
+        return out
+
+    def earliest_multi(self, const double[::1] raw, Py_ssize_t k, double limit, double t,
+                       double horizon):
+        """The earliest candidate time (a node's earliest fit, or a span's end after
+        ``t``), up to ``horizon``, at which ``k`` nodes fit with spans aside and are free
+        of spans for ``limit`` seconds; ``inf`` if none."""
+        cdef str fn = "NodeSpans.earliest_multi"
+        _exact(fn, "raw", raw.shape[0], self.n, "one per node")
+        cdef Py_ssize_t i, j, m = 0, have
+        cdef double when, prev = -INFINITY
+        cdef double answer = INFINITY
+        cdef double *c = <double *>malloc((self.n + self.count + 1) * sizeof(double))
+        if c == NULL:
+            raise MemoryError()
+        try:
+            with nogil:
+                for i in range(self.n):
+                    if raw[i] < INFINITY:
+                        c[m] = raw[i]
+                        m += 1
+                    for j in range(self.cnt[i]):
+                        if self.en[i][j] > t:
+                            c[m] = self.en[i][j]
+                            m += 1
+                qsort(c, m, sizeof(double), _cmp_double)
+                for j in range(m):
+                    when = c[j]
+                    if j > 0 and when == prev:
+                        continue
+                    prev = when
+                    if when > horizon:
+                        break
+                    have = 0
+                    for i in range(self.n):
+                        if raw[i] <= when and not self._overlaps(i, when, limit):
+                            have += 1
+                    if have >= k:
+                        answer = when
+                        break
+        finally:
+            free(c)
+        return answer

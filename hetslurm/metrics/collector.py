@@ -139,17 +139,10 @@ class Collector:
 
     # ------------------------------------------------------------------ one tick
     def tick(self) -> TickResult:
-        now_wall, now_mono = self.clock(), self.monotonic()
-        jump = False
-        if self._last is not None:
-            wall_d, mono_d = now_wall - self._last[0], now_mono - self._last[1]
-            if abs(wall_d - mono_d) > max(CLOCK_SLACK_S, 0.5 * self.interval_s):
-                jump = True
-                log.warning("wall clock moved %.1fs in %.1fs of monotonic time; samples of "
-                            "this tick are flagged clock_jump", wall_d, mono_d)
-        self._last = (now_wall, now_mono)
-        t = round(now_wall, 3)
-        res = TickResult(time=t, rows=[])
+        # Slurm is asked first and the clock read right before the NVML reads: the sample
+        # time is the reads' (an energy counter's increment is divided by the time between
+        # two samples; a Slurm call of varying length between the stamp and the read would
+        # put its jitter into every job's mean power).
         holders: dict[str, dict[int, tuple[int, tuple[int, ...]]]] = {}
         attributed = True
         if self.backend is not None:
@@ -161,6 +154,17 @@ class Collector:
                 log.warning("Slurm did not answer; samples of this tick carry no job: %s", exc)
         else:
             attributed = False
+        now_wall, now_mono = self.clock(), self.monotonic()
+        jump = False
+        if self._last is not None:
+            wall_d, mono_d = now_wall - self._last[0], now_mono - self._last[1]
+            if abs(wall_d - mono_d) > max(CLOCK_SLACK_S, 0.5 * self.interval_s):
+                jump = True
+                log.warning("wall clock moved %.1fs in %.1fs of monotonic time; samples of "
+                            "this tick are flagged clock_jump", wall_d, mono_d)
+        self._last = (now_wall, now_mono)
+        t = round(now_wall, 3)
+        res = TickResult(time=t, rows=[])
         readings = self._read_nodes()
         for node in self.nodes:
             res.rows.extend(self._node_rows(node, t, holders.get(node, {}), attributed,

@@ -1,0 +1,58 @@
+"""The compiled NodeSpans against its plain-Python reference on random reservations."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from hetslurm.placement.spans import NodeSpans, NodeSpansReference
+
+
+def _pair(seed: int, n: int) -> tuple[NodeSpans, NodeSpansReference, random.Random]:
+    rng = random.Random(seed)
+    fast, ref = NodeSpans(n), NodeSpansReference(n)
+    for _ in range(rng.randrange(0, 3 * n)):
+        nodes = rng.sample(range(n), rng.randint(1, min(3, n)))
+        a = float(rng.randrange(0, 200))
+        b = a + rng.randrange(1, 50)
+        fast.add(nodes, a, b)
+        ref.add(nodes, a, b)
+    return fast, ref, rng
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_same_answers_as_the_reference(seed: int) -> None:
+    n = 1 + seed % 9
+    fast, ref, rng = _pair(seed, n)
+    assert fast.count == ref.count
+    assert [fast.spans(i) for i in range(n)] == [ref.spans(i) for i in range(n)]
+    assert (fast.reserved() == ref.reserved()).all()
+    t = float(rng.randrange(0, 100))
+    assert sorted(fast.ends_after(t)) == sorted(ref.ends_after(t))
+    for _ in range(10):
+        raw = np.array([math.inf if rng.random() < 0.2 else t + rng.randrange(0, 3) * 10.0
+                        for _ in range(n)])
+        limit = float(rng.randrange(1, 60))
+        weight = np.array([rng.randrange(1, 4) for _ in range(n)], dtype=np.int64)
+        mult = rng.randrange(1, 3) * (n + 1)
+        assert fast.earliest_one(raw, limit, t, weight, mult) == ref.earliest_one(
+            raw, limit, t, weight, mult)
+        assert (fast.feasible_last() == ref.feasible_last()).all()
+        k = rng.randint(1, n)
+        assert fast.earliest_multi(raw, k, limit, t, t + 150) == ref.earliest_multi(
+            raw, k, limit, t, t + 150)
+        when = t + rng.randrange(0, 100)
+        assert (fast.blocked(when, limit) == ref.blocked(when, limit)).all()
+        nodes = list(range(n))
+        assert (fast.push(nodes, raw, limit) == ref.push(nodes, raw, limit)).all()
+
+
+def test_bad_input_is_a_value_error() -> None:
+    s = NodeSpans(3)
+    with pytest.raises(ValueError, match="outside"):
+        s.add([3], 0.0, 1.0)
+    with pytest.raises(ValueError, match="raw"):
+        s.earliest_one(np.zeros(2), 1.0, 0.0, np.zeros(3, dtype=np.int64), 4)
