@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from hetslurm.placement.spans import NodeSpans
 from hetslurm.simulate.loop import (
     Alloc,
     Disagreement,
@@ -100,7 +101,7 @@ class SlurmRules:
         n = model.n_nodes
         horizon = t + self.window_s
         weight = model.weight
-        resv = _NodeResv(n)
+        resv = NodeSpans(n)
         view: _ReleaseView | None = None
         raws: dict[int, npt.NDArray[np.float64]] = {}  # per shape, while the view holds
         # Per shape, the shortest limit that found no start within the window: a job of
@@ -238,107 +239,46 @@ class _ReleaseView:
         return out
 
 
-class _NodeResv:
-    """The whole-node reservations of one backfill pass: per node its spans sorted by start
-    (disjoint: a reservation only takes nodes free of others for its window), as two Python
-    lists (a node holds a few dozen at most, walked one by one: cheaper than arrays for the
-    handful of nodes a push asks about), and all spans in lists for the multi-node test."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.reserved = np.zeros(n, dtype=bool)
-        self.starts: list[list[float]] = [[] for _ in range(n)]
-        self.ends: list[list[float]] = [[] for _ in range(n)]
-        self.node: list[int] = []
-        self.start: list[float] = []
-        self.end: list[float] = []
-
-    def add(self, nodes: list[int], start: float, end: float) -> None:
-        for node in nodes:
-            row_s = self.starts[node]
-            at = bisect.bisect_right(row_s, start)
-            row_s.insert(at, start)
-            self.ends[node].insert(at, end)
-            self.reserved[node] = True
-            self.node.append(node)
-            self.start.append(start)
-            self.end.append(end)
-
-    def push(self, nodes: npt.NDArray[np.int64], s: npt.NDArray[np.float64],
-             limit: float) -> npt.NDArray[np.float64]:
-        """For each of ``nodes``, the earliest time >= ``s`` at which it is free of
-        reservations for ``limit`` seconds (one pass over its spans in start order: a span
-        that overlaps moves the start to its end; the first that starts after the moved
-        start's window ends the walk, every later one starting later still)."""
-        out = s.copy()
-        for i, node in enumerate(nodes.tolist()):
-            x = float(out[i])
-            for a, b in zip(self.starts[node], self.ends[node], strict=True):
-                if a >= x + limit:
-                    break
-                if x < b:
-                    x = b
-            out[i] = x
-        return out
-
-    def blocked(self, when: float, limit: float) -> npt.NDArray[np.bool_]:
-        """Nodes with a reservation overlapping [when, when + limit)."""
-        out = np.zeros(self.n, dtype=bool)
-        if self.node:
-            start, end = np.asarray(self.start), np.asarray(self.end)
-            out[np.asarray(self.node)[(start < when + limit) & (when < end)]] = True
-        return out
-
-
 def _earliest_exact(t: float, cx: Replay, sh: Shape, raw: npt.NDArray[np.float64],
-                    resv: _NodeResv, limit: float, horizon: float,
+                    resv: NodeSpans, limit: float, horizon: float,
                     weight: npt.NDArray[np.int64]
                     ) -> tuple[float, list[int], Alloc | None] | None:
     """The earliest time within the window ``sh`` fits on nodes free of reservations for
     its whole limit, the nodes, and (starting now beside a reservation) the allocation."""
     n = len(raw)
-    reserved = resv.reserved
     if sh.k == 1:
-        e = np.where(reserved, math.inf, raw)
-        when = float(e.min())
-        # A reserved node can only do better than the best free one if its own earliest
-        # time is no later: push those past their reservations.
-        maybe = np.flatnonzero(reserved & (raw <= when))
-        if len(maybe):
-            pushed = resv.push(maybe, raw[maybe], limit)
-            e[maybe] = pushed
-            when = min(when, float(np.min(pushed)))
+        when, best, blocked_now = resv.earliest_one(raw, limit, t, weight,
+                                                    sh.weight_term * (n + 1))
         if when > horizon or when == math.inf:  # inf: no node can ever hold it
             return None
-        feasible = e == when
+        if when == t:
+            if not blocked_now:
+                return when, [], None  # nothing now is blocked: the partition's core places it
+            return when, [], _core_place(cx, sh, cx.now, resv.feasible_last())
+        if sh.weight_only:
+            # The core's choice where the score is the node weight alone: the lowest
+            # score (node weight times its term weight), ties to the lower index.
+            return when, [best], None
+        feasible = resv.feasible_last()
     else:
-        cands = sorted({float(x) for x in raw[np.isfinite(raw)]}
-                       | {re for re in resv.end if re > t})
-        for when in cands:
-            if when > horizon:
-                return None
-            feasible = (raw <= when) & ~resv.blocked(when, limit)
-            if int(np.count_nonzero(feasible)) >= sh.k:
-                break
-        else:
+        when = resv.earliest_multi(raw, sh.k, limit, t, horizon)
+        if when == math.inf:
             return None
-    if when == t:
-        if not resv.node or bool(np.all(feasible[sh.idx] | (raw[sh.idx] != t))):
-            return when, [], None  # nothing now is blocked: the partition's core places it
-        alloc = _core_place(cx, sh, cx.now, feasible)
-        return when, [], alloc
-    if sh.weight_only and (sh.k == 1 or len(cx.model.switch_parent) == 1):
+        feasible = (raw <= when) & ~resv.blocked(when, limit)
+        if when == t:
+            if not resv.count or bool(np.all(feasible[sh.idx] | (raw[sh.idx] != t))):
+                return when, [], None  # nothing now is blocked: the partition's core places it
+            return when, [], _core_place(cx, sh, cx.now, feasible)
+    if sh.k > 1 and sh.weight_only and len(cx.model.switch_parent) == 1:
         # The core's choice where the score is the node weight alone and one switch holds
-        # every node (or one node is asked for): the k lowest scores (node weight times its
-        # term weight), ties to the lower index.
+        # every node: the k lowest scores (node weight times its term weight), ties to the
+        # lower index.
         cand = np.flatnonzero(feasible)
         if len(cand) == sh.k:
             return when, cand.tolist(), None
         key = weight[cand] * (sh.weight_term * (n + 1)) + cand
-        if sh.k == 1:
-            return when, [int(cand[int(np.argmin(key))])], None
-        best = cand[np.argsort(key, kind="stable")[: sh.k]]
-        return when, sorted(best.tolist()), None
+        lowest = cand[np.argsort(key, kind="stable")[: sh.k]]
+        return when, sorted(lowest.tolist()), None
     state = _state_at(cx, when)
     alloc = _core_place(cx, sh, state, feasible)
     return when, alloc.nodes.tolist(), None
@@ -362,12 +302,12 @@ def _core_place(cx: Replay, sh: Shape, state: State,
     return alloc
 
 
-def _probe_core(t: float, cx: Replay, sh: Shape, resv: _NodeResv, limit: float,
+def _probe_core(t: float, cx: Replay, sh: Shape, resv: NodeSpans, limit: float,
                 horizon: float) -> tuple[float, list[int], Alloc | None] | None:
     """The reference's probe for shapes the counts do not decide (NVLink, NUMA, switch,
     FPGA, GPU memory): the core at every candidate time."""
     ends = sorted(e for e in cx.planned_end.values() if e > t)
-    times = sorted({t, *ends, *(re for re in resv.end if re > t)})
+    times = sorted({t, *ends, *resv.ends_after(t)})
     for when in times:
         if when > horizon:
             return None
