@@ -1813,8 +1813,8 @@ cdef class NodeSpans:
         cdef Py_ssize_t i, at, c
         cdef double *s
         cdef double *f
-        for node in nodes:
-            i = self._node("add", node)
+        idx = [self._node("add", node) for node in nodes]  # all checked before any is added
+        for i in idx:
             c = self.cnt[i]
             if c == self.cap[i]:
                 self.cap[i] = 8 if c == 0 else 2 * c

@@ -28,6 +28,7 @@ from hetslurm.metrics.collector import Collector
 from hetslurm.metrics.fake_nvml import FakeNvml
 from hetslurm.metrics.gres import load_gres_conf
 from hetslurm.metrics.store import SegmentStore
+from hetslurm.process import run_command
 from hetslurm.site import load_site
 from hetslurm.slurm import get_backend
 from hetslurm.testbed import Testbed
@@ -45,6 +46,15 @@ def _cli(args: list[str], env: dict[str, str]) -> Any:
     return res
 
 
+def _wait_queue_empty(env: dict[str, str], timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not run_command(["squeue", "-h", "-o", "%i"], timeout=30, env=env).stdout.split():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"jobs still queued {timeout}s into the test")
+
+
 def test_energy_per_work_and_advise_energy_low(jobs: Jobs, testbed: Testbed,
                                                cli_env: dict[str, str],
                                                slurm_env: dict[str, str],
@@ -53,6 +63,11 @@ def test_energy_per_work_and_advise_energy_low(jobs: Jobs, testbed: Testbed,
     env = {**cli_env, "HETSLURM_TESTBED_DIR": str(testbed.root)}
     fake = ["testbed", "fake", "--dir", str(testbed.root)]
     store = tmp_path / "store"
+    # The window opens after every earlier test's jobs have ended: sacct's -S is whole
+    # seconds, so a job that ended a second before this test (the previous test's, cancelled
+    # at its teardown) would count among this window's GPU jobs.
+    _wait_queue_empty(slurm_env)
+    time.sleep(2.1)
     t_submit = time.time() - 1
     try:
         for node, watts in IDLE_W.items():

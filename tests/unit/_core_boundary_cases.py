@@ -19,7 +19,7 @@ import numpy as np
 Case = tuple[str, str, Callable[[], object]]
 
 KERNELS = ("choose_gpus", "choose_gpus_batch", "PlacementCore", "place", "place_batch",
-           "evaluate", "static_fit", "take")
+           "evaluate", "static_fit", "take", "NodeSpans")
 
 
 def _i32(*v: int) -> Any:
@@ -421,6 +421,47 @@ def _take(core: Any, model: Any) -> list[Case]:
     ]
 
 
+def _node_spans(core: Any) -> list[Case]:
+    inf = float("inf")
+    ns = core.NodeSpans(3)
+    ns.add([1], 10.0, 20.0)
+    raw, weight = np.array([0.0, 0.0, inf]), _i64(0, 0, 0)
+
+    def valid() -> object:
+        when, best, now = ns.earliest_one(raw, 15.0, 0.0, weight, 1)
+        return (when, best, now, ns.earliest_multi(raw, 2, 15.0, 0.0, 100.0), ns.count,
+                ns.push(_i64(1), np.array([5.0]), 10.0).tolist())
+
+    return [
+        ("negative size", "ValueError: NodeSpans: n is -1, must be >= 0",
+         lambda: core.NodeSpans(-1)),
+        ("add past the last node", "ValueError: NodeSpans.add: node 3 outside 0..2",
+         lambda: ns.add([0, 3], 0.0, 1.0)),
+        ("add a negative node", "ValueError: NodeSpans.add: node -1 outside 0..2",
+         lambda: ns.add([-1], 0.0, 1.0)),
+        ("push past the last node", "ValueError: NodeSpans.push: node 7 outside 0..2",
+         lambda: ns.push(_i64(7), np.array([0.0]), 1.0)),
+        ("push with a short starts",
+         "ValueError: NodeSpans.push: starts has 1 entries, expected 2 (one per node)",
+         lambda: ns.push(_i64(0, 1), np.array([0.0]), 1.0)),
+        ("earliest_one with a short raw",
+         "ValueError: NodeSpans.earliest_one: raw has 2 entries, expected 3 (one per node)",
+         lambda: ns.earliest_one(np.zeros(2), 1.0, 0.0, weight, 1)),
+        ("earliest_one with a short weight",
+         "ValueError: NodeSpans.earliest_one: weight has 1 entries, expected 3 (one per node)",
+         lambda: ns.earliest_one(raw, 1.0, 0.0, _i64(0), 1)),
+        ("earliest_multi with a short raw",
+         "ValueError: NodeSpans.earliest_multi: raw has 1 entries, expected 3 (one per node)",
+         lambda: ns.earliest_multi(np.zeros(1), 1, 1.0, 0.0, 10.0)),
+        ("spans of a node past the last", "ValueError: NodeSpans.spans: node 3 outside 0..2",
+         lambda: ns.spans(3)),
+        # The refusals added nothing (a refused add checks every node before it adds
+        # one): node 0 takes the one-node shape now; node 1, which fits now with spans aside,
+        # is kept from it by its span (blocked now) and pushed past it to 20.
+        ("valid call after the refusals", "returned (0.0, 0, True, 20.0, 1, [20.0])", valid),
+    ]
+
+
 def cases(kernel: str) -> list[Case]:
     """The cases of one kernel (name, expected outcome, call)."""
     import hetslurm._core as core
@@ -429,6 +470,8 @@ def cases(kernel: str) -> list[Case]:
         return _choose_gpus(core)
     if kernel == "choose_gpus_batch":
         return _choose_gpus_batch(core)
+    if kernel == "NodeSpans":
+        return _node_spans(core)
     model = _model()
     table = {"PlacementCore": _placement_core, "place": _place, "place_batch": _place_batch,
              "evaluate": _evaluate, "static_fit": _static_fit, "take": _take}
