@@ -36,8 +36,11 @@ def _default_workload() -> str:
 @click.option("--params", "params_file", default=None, type=click.Path(dir_okay=False),
               help="Assumptions file (site-configs/simulate-params.toml).")
 @click.option("--policy", "policies", multiple=True,
-              type=click.Choice(("slurm-default", "hetslurm")),
-              help="Policy to replay (repeat; default: both).")
+              type=click.Choice(("slurm-default", "slurm-cpu-partition", "slurm-speed-weights",
+                                 "slurm-tuned", "hetslurm", "all")),
+              help="Policy to replay (repeat; default: slurm-default and hetslurm; all: the "
+                   "four Slurm baselines and hetslurm). Each policy's ratios are against "
+                   "the strongest baseline replayed (docs/simulate.md).")
 @click.option("--load", "loads", multiple=True, type=float,
               help="Arrival-rate multiplier (repeat for a sweep; default 1).")
 @click.option("--first", default=0, show_default=True, type=click.IntRange(min=0),
@@ -81,7 +84,8 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
 
     Prints one row per policy and load (waits in seconds, energy in kWh) and, with
     --format json, the full measures, a summary per policy (highest load with bounded mean
-    wait, ratios to slurm-default) and what was dropped. A progress bar goes to stderr.
+    wait, ratios to the strongest baseline replayed and to each other one) and what was
+    dropped. A progress bar goes to stderr.
     An internal error of one replay fails that row only (its "error" says why; the others
     are printed; exit status 1); --rows-out keeps each row as it finishes.
 
@@ -90,7 +94,10 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
     mean wait and makespan of both, their difference and whether it is within the
     workload's target; exit status 1 when a figure misses it.
     """
-    chosen = policies or ("slurm-default", "hetslurm")
+    from hetslurm.simulate.params import POLICIES
+
+    chosen = (POLICIES if "all" in policies
+              else tuple(dict.fromkeys(policies)) or ("slurm-default", "hetslurm"))
     if workload_file is not None:
         given = [name for name, v in (("--site", site_file), ("--trace", trace_file),
                                       ("--trace-format", trace_format),

@@ -280,7 +280,8 @@ def simulate_plan(w: Workload, pl: Plan, policy: str, *, latency: bool = True,
     ``[model]``); waits count from the submission."""
     from hetslurm.simulate.slurm_backfill import replay_slurm
 
-    model = node_weights(ClusterModel.from_site(pl.site), pl.params.policies[policy])
+    model = node_weights(ClusterModel.from_site(pl.site), pl.params.policies[policy],
+                         pl.params)
     lat = w.start_latency_s if latency else 0.0
     extra = w.hold_extra_s if latency else 0.0
     jobs = [replace(j, submit=j.submit + lat, time_limit=wj.limit_min * 60.0,

@@ -23,7 +23,19 @@ SCHEMA = "hetslurm-simulate-params/1"
 #: (:mod:`hetslurm.simulate.slurm_backfill`, what ``simulate --validate`` checks against
 #: the testbed), and ``easy``, EASY backfill (:mod:`hetslurm.simulate.easy`).
 BACKFILLS = ("slurm", "easy")
-POLICIES = ("slurm-default", "hetslurm")
+#: The policies a parameter file may define: four Slurm configurations a careful admin
+#: could build without hetslurm (:data:`BASELINES`), then hetslurm's.
+POLICIES = ("slurm-default", "slurm-cpu-partition", "slurm-speed-weights", "slurm-tuned",
+            "hetslurm")
+#: The baselines: ``slurm-default`` (Slurm's defaults), ``slurm-cpu-partition`` (CPU jobs in
+#: a partition of the CPU-only nodes, so every GPU node's cores stay for GPU jobs),
+#: ``slurm-speed-weights`` (typed gres as users ask, node Weight= by measured speed) and
+#: ``slurm-tuned`` (both). A policy's ratios are against the strongest baseline in the run.
+BASELINES = POLICIES[:-1]
+#: ``[policy.*] node_weights``: Slurm's default 1 everywhere, the site's Weight=, or by
+#: speed (CPU-only nodes first, then GPU models fastest first by the geometric mean of
+#: their ``[speeds]`` over the classes).
+NODE_WEIGHTS = ("uniform", "site", "speed")
 SCORE_KEYS = ("model", "islands", "numa", "leftover", "load", "energy", "weight")
 
 
@@ -32,7 +44,7 @@ class PolicyParams:
     """How one policy renders the cluster and rewrites jobs."""
 
     name: str
-    node_weights: str  # "uniform" (every node Weight=1) or "site" (the site's weights)
+    node_weights: str  # one of NODE_WEIGHTS
     gpu_partition: str  # a partition name, "*" (all nodes) or "class"
     cpu_partition: str
     use_classes: bool
@@ -204,7 +216,7 @@ def load_params(path: str | Path) -> Params:
         score_t.done()
         policies[name] = PolicyParams(
             name=name,
-            node_weights=t.str_("node_weights", ("uniform", "site")),
+            node_weights=t.str_("node_weights", NODE_WEIGHTS),
             gpu_partition=t.str_("gpu_partition"),
             cpu_partition=t.str_("cpu_partition"),
             use_classes=t.bool_("use_classes"),

@@ -12,7 +12,7 @@ from hetslurm.placement.model import ClusterModel
 from hetslurm.simulate.easy import Easy
 from hetslurm.simulate.loop import Backfill, ReplayResult, replay
 from hetslurm.simulate.measures import measure
-from hetslurm.simulate.params import Params
+from hetslurm.simulate.params import BASELINES, Params
 from hetslurm.simulate.slurm_backfill import SlurmRules
 from hetslurm.simulate.traces import Trace
 from hetslurm.simulate.workload import (
@@ -99,7 +99,7 @@ def simulate(
     traces: dict[tuple[str, float], RunTrace] = {}
     examples: dict[str, list[dict[str, object]]] = {}
     for p in policies:
-        model = node_weights(base, params.policies[p])
+        model = node_weights(base, params.policies[p], params)
         names = partition_names(jobs[p])
         parts = {name: partition_nodes(site, model, name) for name in names}
         for load in loads:
@@ -141,31 +141,72 @@ def simulate(
         "backfill_window_s": params.backfill_window_s,
         "failed_rows": sum(1 for r in rows if "error" in r),
         "disagreement_examples": examples,
+        "strongest_baseline": strongest_baseline(rows, params, policies, loads),
     }
     return SimulationResult(rows, summary, meta, traces)
 
 
+def strongest_baseline(rows: list[dict[str, Any]], params: Params,
+                       policies: Sequence[str], loads: Sequence[float]) -> str | None:
+    """The baseline of the run a claim must beat: the highest bounded load
+    (:func:`_bounded`), then the lowest mean wait summed over the swept loads; a baseline
+    with a failed row ranks below every complete one. ``None``: no baseline was replayed."""
+    by = {(r["policy"], r["load"]): r for r in rows}
+    cands = [p for p in policies if p in BASELINES]
+    if not cands:
+        return None
+
+    def key(b: str) -> tuple[int, float, float]:
+        rs = [by[(b, x)] for x in loads]
+        if any("error" in r for r in rs):
+            return (1, 0.0, 0.0)
+        mbl = _bounded(by, b, params, loads)
+        return (0, -(mbl if mbl is not None else -1.0), sum(r["mean_wait_s"] for r in rs))
+
+    return min(cands, key=lambda b: (key(b), cands.index(b)))
+
+
+def _bounded(by: dict[tuple[str, float], dict[str, Any]], p: str, params: Params,
+             loads: Sequence[float]) -> float | None:
+    """The highest swept load at which ``p``'s mean wait is bounded with every job done."""
+    ok = [x for x in loads if "error" not in by[(p, x)]
+          and by[(p, x)]["mean_wait_s"] <= params.bounded_mean_wait_s
+          and by[(p, x)]["unfinished"] == 0]
+    return max(ok) if ok else None
+
+
+def _versus(by: dict[tuple[str, float], dict[str, Any]], p: str, b: str, params: Params,
+            loads: Sequence[float]) -> dict[str, Any]:
+    """``p`` against baseline ``b`` (docs/simulate.md, "Summary")."""
+    mp, mb = _bounded(by, p, params, loads), _bounded(by, b, params, loads)
+    out: dict[str, Any] = {"sustainable_load_ratio": _ratio(mp, mb)}
+    for x in loads:
+        a, c = by[(p, x)], by[(b, x)]
+        out[f"mean_wait_ratio@{x:g}"] = _ratio(a.get("mean_wait_s"), c.get("mean_wait_s"))
+        out[f"jct_ratio@{x:g}"] = _ratio(a.get("mean_jct_s"), c.get("mean_jct_s"))
+    return out
+
+
 def _summary(rows: list[dict[str, Any]], params: Params, policies: Sequence[str],
              loads: Sequence[float]) -> list[dict[str, Any]]:
-    """Per policy: the highest load whose mean wait is bounded, and ratios to slurm-default."""
+    """Per policy: the highest load whose mean wait is bounded, its ratios against the
+    strongest baseline of the run (flat keys, ``baseline`` names it) and against each
+    other baseline (``vs``)."""
     by = {(r["policy"], r["load"]): r for r in rows}
+    strongest = strongest_baseline(rows, params, policies, loads)
     out = []
     for p in policies:
-        bounded = [x for x in loads if "error" not in by[(p, x)]
-                   and by[(p, x)]["mean_wait_s"] <= params.bounded_mean_wait_s
-                   and by[(p, x)]["unfinished"] == 0]
         entry: dict[str, Any] = {
             "policy": p,
-            "max_bounded_load": max(bounded) if bounded else None,
+            "max_bounded_load": _bounded(by, p, params, loads),
             "bounded_mean_wait_s": params.bounded_mean_wait_s,
         }
-        if "slurm-default" in policies and p != "slurm-default":
-            for x in loads:
-                a, b = by[(p, x)], by[("slurm-default", x)]
-                entry[f"wait_ratio@{x:g}"] = _ratio(a.get("mean_wait_s"), b.get("mean_wait_s"))
-                entry[f"throughput_ratio@{x:g}"] = _ratio(a.get("completions_per_h_saturated"),
-                                                         b.get("completions_per_h_saturated"))
-                entry[f"jct_ratio@{x:g}"] = _ratio(a.get("mean_jct_s"), b.get("mean_jct_s"))
+        if strongest is not None and p != strongest:
+            entry["baseline"] = strongest
+            entry.update(_versus(by, p, strongest, params, loads))
+        others = [b for b in policies if b in BASELINES and b != p]
+        if others:
+            entry["vs"] = {b: _versus(by, p, b, params, loads) for b in others}
         out.append(entry)
     return out
 

@@ -197,15 +197,49 @@ def _cut(out: dict[int, float], params: Params) -> dict[int, float]:
     return out
 
 
-def node_weights(model: ClusterModel, policy: PolicyParams) -> ClusterModel:
-    """The cluster as the policy renders it: the site's weights or Slurm's default 1."""
+def node_weights(model: ClusterModel, policy: PolicyParams,
+                 params: Params | None = None) -> ClusterModel:
+    """The cluster as the policy renders it: the site's weights, Slurm's default 1, or by
+    speed (:func:`speed_weights`, which needs ``params``)."""
     if policy.node_weights == "site":
         return model
     import numpy as np
 
-    weight = np.ones_like(model.weight)
+    if policy.node_weights == "speed":
+        if params is None:
+            raise ConfigError(f"[policy.{policy.name}] node_weights = \"speed\" needs the "
+                              "parameter file's [speeds]")
+        weight = np.asarray(speed_weights(model, params), dtype=np.int64)
+    else:
+        weight = np.ones_like(model.weight)
     weight.flags.writeable = False
     return replace(model, weight=weight, _cache={})
+
+
+def model_speed(params: Params, model: str) -> float:
+    """One GPU model's speed over every class: the geometric mean of its ``[speeds]``
+    (classes that do not name the model aside; 0 if none does)."""
+    vals = [row[model] for row in params.speeds.values() if model in row]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else 0.0
+
+
+def speed_weights(model: ClusterModel, params: Params) -> list[int]:
+    """Node ``Weight=`` as an admin sets it by speed without hetslurm: CPU-only nodes 1
+    (Slurm takes the lowest first, so CPU work fills them before any device node), then one
+    step per GPU model from the fastest (:func:`model_speed`; ties by name), then FPGA-only
+    nodes."""
+    order = sorted(model.gpu_models, key=lambda m: (-model_speed(params, m), m))
+    rank = {m: i for i, m in enumerate(order)}
+    out = []
+    for i in range(model.n_nodes):
+        g = int(model.gpu_model[i])
+        if g >= 0 and int(model.gpu_count[i]) > 0:
+            out.append(2 + rank[model.gpu_models[g]])
+        elif int(model.fpga_count[i]) > 0:
+            out.append(2 + len(order))
+        else:
+            out.append(1)
+    return out
 
 
 def score_weights(policy: PolicyParams) -> ScoreWeights:
@@ -291,7 +325,7 @@ def build_jobs(
     and the dropped counts by reason.
     """
     base = ClusterModel.from_site(site)
-    empty_models = {p: node_weights(base, params.policies[p]) for p in policies}
+    empty_models = {p: node_weights(base, params.policies[p], params) for p in policies}
     dropped = {"fractional": 0, "oversize": 0, "gpu_spec_no_site_model": 0}
     out: dict[str, list[SimJob]] = {p: [] for p in policies}
     verdicts: dict[tuple[str, Request, str], bool] = {}

@@ -12,6 +12,7 @@ from test_simulate_engine import TOY
 from hetslurm.cli import cli
 from hetslurm.errors import ConfigError
 from hetslurm.placement.model import ClusterModel
+from hetslurm.simulate import params as params_mod
 from hetslurm.simulate.easy import replay
 from hetslurm.simulate.params import Params, load_params
 from hetslurm.simulate.traces import TraceJob
@@ -31,6 +32,7 @@ from hetslurm.traces import traces_dir
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "site-configs" / "simulate-params.toml"
 POLICIES = ("slurm-default", "hetslurm")
+ALL = ("slurm-default", "slurm-cpu-partition", "slurm-speed-weights", "slurm-tuned", "hetslurm")
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +62,8 @@ def params(tmp_path: Path) -> Params:
 
 def test_shipped_params_load() -> None:
     p = load_params(SHIPPED)
-    assert set(p.policies) == set(POLICIES)
+    assert tuple(p.policies) == ALL == params_mod.POLICIES
+    assert ALL[:-1] == params_mod.BASELINES
     assert p.speed("vision", "v100") == 6.59
     assert p.policies["slurm-default"].node_weights == "uniform"
     assert p.policies["hetslurm"].use_classes
@@ -79,12 +82,13 @@ def test_params_refuse_unknown_and_missing_keys(tmp_path: Path) -> None:
 
 
 def replay_policy(site: Site, params: Params, jobs: list[TraceJob], fmt: str = "philly",
+                  policies: tuple[str, ...] = POLICIES,
                   ) -> dict[str, dict[str, tuple[float, float, str]]]:
-    built, _ = build_jobs(jobs, fmt, site, params, POLICIES)
+    built, _ = build_jobs(jobs, fmt, site, params, policies)
     base = ClusterModel.from_site(site)
     out = {}
-    for p in POLICIES:
-        model = node_weights(base, params.policies[p])
+    for p in policies:
+        model = node_weights(base, params.policies[p], params)
         parts = {n: partition_nodes(site, model, n) for n in partition_names(built[p])}
         res = replay(model, built[p], parts, backfill_depth=10)
         out[p] = {r.job.id: (r.start, r.end, model.names[int(r.alloc.nodes[0])])
@@ -103,6 +107,78 @@ def test_cpu_job_on_gpu_node_cores_pushes_gpu_job_to_k80(toy: Site, params: Para
     assert got["slurm-default"]["gpu"] == pytest.approx((1, 500, "g2"))
     assert got["hetslurm"]["cpu"] == (0, 100, "c1")
     assert got["hetslurm"]["gpu"] == pytest.approx((1, 1 + 100 * 4.99 / 6.59, "g1"))
+
+
+def test_baselines_keep_cpu_work_off_gpu_nodes_their_own_way(toy: Site,
+                                                            params: Params) -> None:
+    # Two 4-core CPU jobs at 0 (c1 holds one), then a 1-GPU vision job at 1 (100 s on P100).
+    # slurm-cpu-partition / slurm-tuned: both CPU jobs in the cpu partition (c1), one after
+    # the other; the GPU job on g1's V100. slurm-speed-weights: the first CPU job on c1
+    # (Weight 1), the second on the fastest GPU node, g1 (Weight 2), so the GPU job runs on
+    # g2's K80 (Weight 3): 100 x 4.99 / 1.0 s.
+    jobs = [TraceJob("cpu-a", 0, 100, 0, cores=4), TraceJob("cpu-b", 0, 100, 0, cores=4),
+            TraceJob("gpu", 1, 100, 1)]
+    got = replay_policy(toy, params, jobs, policies=ALL[:-1])
+    v100 = pytest.approx((1, 1 + 100 * 4.99 / 6.59, "g1"))
+    for p in ("slurm-cpu-partition", "slurm-tuned"):
+        assert got[p]["cpu-a"] == (0, 100, "c1") and got[p]["cpu-b"] == (100, 200, "c1"), p
+        assert got[p]["gpu"] == v100, p
+    sw = got["slurm-speed-weights"]
+    assert sw["cpu-a"] == (0, 100, "c1") and sw["cpu-b"] == (0, 100, "g1")
+    assert sw["gpu"] == pytest.approx((1, 500, "g2"))
+    # slurm-default: Weight=1 and slurm.conf order, g1 then g2 take the CPU jobs.
+    assert got["slurm-default"]["cpu-a"] == (0, 100, "g1")
+    assert got["slurm-default"]["cpu-b"] == (0, 100, "g2")
+
+
+def test_speed_weights_order_models_by_their_geometric_mean_speed(toy: Site,
+                                                                  params: Params) -> None:
+    from dataclasses import replace
+
+    from hetslurm.simulate.workload import model_speed, speed_weights
+
+    base = ClusterModel.from_site(toy)
+    assert list(base.names) == ["g1", "g2", "c1"]
+    assert speed_weights(base, params) == [2, 3, 1]  # V100 is faster than K80 on average
+    # K80 faster on the geometric mean (sqrt(4 x 1) = 2 against sqrt(1 x 3) = 1.73): first.
+    swapped = replace(params, speeds={"vision": {"v100": 1.0, "k80": 4.0},
+                                      "rl": {"v100": 3.0, "k80": 1.0}})
+    assert model_speed(swapped, "k80") == pytest.approx(2.0)
+    assert speed_weights(base, swapped) == [3, 2, 1]
+    w = node_weights(base, swapped.policies["slurm-tuned"], swapped).weight
+    assert list(w) == [3, 2, 1] and not w.flags.writeable
+    with pytest.raises(ConfigError, match="needs the parameter file's"):
+        node_weights(base, swapped.policies["slurm-tuned"])
+
+
+def test_strongest_baseline_and_the_ratios_against_it(params: Params) -> None:
+    from hetslurm.simulate.run import _summary, strongest_baseline
+
+    def row(p: str, load: float, wait: float, **kw: object) -> dict[str, object]:
+        return {"policy": p, "load": load, "mean_wait_s": wait, "mean_jct_s": wait + 100,
+                "unfinished": 0, **kw}
+
+    bound = params.bounded_mean_wait_s
+    rows = [row("slurm-default", 1, 100), row("slurm-default", 2, bound + 1),
+            row("slurm-tuned", 1, 50), row("slurm-tuned", 2, 200),
+            row("slurm-cpu-partition", 1, 40), row("slurm-cpu-partition", 2, 300),
+            row("hetslurm", 1, 20), row("hetslurm", 2, 100)]
+    pols = ("slurm-default", "slurm-tuned", "slurm-cpu-partition", "hetslurm")
+    # Both bounded at 2: the lower summed wait wins (tuned 250 < cpu-partition 340).
+    assert strongest_baseline(rows, params, pols, (1, 2)) == "slurm-tuned"
+    summ = {e["policy"]: e for e in _summary(rows, params, pols, (1, 2))}
+    het = summ["hetslurm"]
+    assert het["baseline"] == "slurm-tuned" and het["max_bounded_load"] == 2
+    assert het["mean_wait_ratio@1"] == 0.4 and het["mean_wait_ratio@2"] == 0.5
+    assert het["jct_ratio@2"] == pytest.approx(200 / 300, abs=1e-4)
+    assert het["sustainable_load_ratio"] == 1.0
+    assert het["vs"]["slurm-default"]["sustainable_load_ratio"] == 2.0
+    assert set(het["vs"]) == {"slurm-default", "slurm-tuned", "slurm-cpu-partition"}
+    assert "baseline" not in summ["slurm-tuned"] and "throughput_ratio@1" not in het
+    # A baseline with a failed row cannot be the strongest; no baseline, no comparison.
+    rows[3] = {"policy": "slurm-tuned", "load": 2, "error": "RuntimeError: x"}
+    assert strongest_baseline(rows, params, pols, (1, 2)) == "slurm-cpu-partition"
+    assert strongest_baseline(rows, params, ("hetslurm",), (1, 2)) is None
 
 
 def test_hetslurm_requests_carry_the_class(toy: Site, params: Params) -> None:
@@ -175,7 +251,8 @@ def test_cli_json(toy: Site, tmp_path: Path) -> None:
     assert doc["meta"]["unused_columns"] == ["gpu_time", "cluster"]
     assert doc["meta"]["compression"] is None
     assert all(row["jobs"] == 10 and row["unfinished"] == 0 for row in doc["rows"])
-    assert "wait_ratio@4" in doc["summary"][1]
+    assert "mean_wait_ratio@4" in doc["summary"][1]
+    assert doc["summary"][1]["baseline"] == doc["meta"]["strongest_baseline"] == "slurm-default"
     plots = tmp_path / "plots"
     r = CliRunner().invoke(cli, [
         "simulate", "--site", toy.path, "--trace", str(trace), "--trace-format", "philly",
@@ -388,7 +465,39 @@ def test_a_failing_replay_loses_its_row_not_the_sweep(toy: Site, tmp_path: Path,
     assert "simulate: slurm-default at load 2 failed: RuntimeError" in r.stderr
     # The summary has no ratio where a row is missing, and the others stand.
     het = doc["summary"][1]
-    assert het["wait_ratio@2"] is None and "wait_ratio@1" in het
+    assert het["mean_wait_ratio@2"] is None and "mean_wait_ratio@1" in het
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert [(x["policy"], x["load"]) for x in lines] == [(x["policy"], x["load"])
                                                          for x in doc["rows"]]
+
+
+def test_cli_policy_all_replays_every_baseline(toy: Site, tmp_path: Path) -> None:
+    # Alibaba pods: every other one CPU-only (4 cores), the others one whole GPU (1 core).
+    trace = tmp_path / "pods.csv"
+    trace.write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,"
+        "deletion_time,scheduled_time\n" + "".join(
+            f"p{i},{4000 if i % 2 else 1000},1024,{0 if i % 2 else 1},{0 if i % 2 else 1000},,"
+            f"LS,Succeeded,{30 * i},{30 * i + 400},{30 * i}\n" for i in range(12)))
+    params = tmp_path / "p.toml"
+    params.write_text(SHIPPED.read_text().replace(
+        "untyped_shares = { vision = 0.396, language = 0.379, recommendation = 0.191, rl = 0.035 }",
+        "untyped_shares = { vision = 1.0 }"))
+    r = CliRunner().invoke(cli, [
+        "simulate", "--site", toy.path, "--trace", str(trace), "--trace-format", "alibaba",
+        "--params", str(params), "--policy", "all", "--load", "1", "--format", "json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert [row["policy"] for row in doc["rows"]] == list(ALL)
+    strongest = doc["meta"]["strongest_baseline"]
+    assert strongest in ALL[:-1]
+    het = doc["summary"][-1]
+    assert het["policy"] == "hetslurm" and het["baseline"] == strongest
+    assert set(het["vs"]) == set(ALL[:-1])
+    # The strongest baseline's mean wait is the lowest of the baselines' (one load).
+    waits = {row["policy"]: row["mean_wait_s"] for row in doc["rows"]}
+    assert waits[strongest] == min(waits[p] for p in ALL[:-1])
+    # --validate replays only the policies its workload defines: refused, one line.
+    bad = CliRunner().invoke(cli, ["simulate", "--validate", "--sim-only", "--policy",
+                                   "slurm-tuned"])
+    assert bad.exit_code != 0 and "unknown policy 'slurm-tuned'" in bad.output
