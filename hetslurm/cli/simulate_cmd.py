@@ -47,6 +47,13 @@ def _default_workload() -> str:
               help="Skip this many jobs of the trace (by submit time).")
 @click.option("--jobs", "limit", default=None, type=click.IntRange(min=1),
               help="Replay at most this many jobs from --first [default: all].")
+@click.option("--seed", "seeds", multiple=True, type=click.IntRange(min=0),
+              help="Seed of the replay's random choices (the class drawn for a job the "
+                   "trace leaves untyped; repeat for several: each figure is then the "
+                   "median over the seeds with its min-max) [default: 0].")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Replay the (seed, policy) tasks in this many processes at once (one "
+                   "core each).")
 @click.option("--rows-out", "rows_out", default=None, type=click.Path(dir_okay=False),
               help="Append each (policy, load) row to this file as one JSON line the moment "
                    "it is done, so a sweep stopped part-way keeps every finished row.")
@@ -75,7 +82,8 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
              params_file: str | None, policies: tuple[str, ...], loads: tuple[float, ...],
              first: int, limit: int | None, plot_dir: str | None, workload_file: str | None,
              testbed_dir: str | None, sim_only: bool, speed_exponent: float,
-             backfill: str | None, rows_out: str | None, output_format: str) -> None:
+             backfill: str | None, rows_out: str | None, seeds: tuple[int, ...],
+             workers: int, output_format: str) -> None:
     """Replay a trace through Slurm's priority order and backfill as each policy
     configures it.
 
@@ -87,7 +95,9 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
     wait, ratios to the strongest baseline replayed and to each other one) and what was
     dropped. A progress bar goes to stderr.
     An internal error of one replay fails that row only (its "error" says why; the others
-    are printed; exit status 1); --rows-out keeps each row as it finishes.
+    are printed; exit status 1); --rows-out keeps each row as it finishes. With several
+    --seed each figure of the summary is the median over the seeds with its min-max;
+    --workers 2 replays on both cores of a 2-core machine.
 
     With --validate [WORKLOAD] it replays the committed workload on the local testbed
     (sbatch, #HET directives for hetslurm) and in the simulator, and prints per policy
@@ -106,7 +116,8 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
                      ["--first"] if first else []) + (
                      ["--speed-exponent"] if speed_exponent != 1.0 else []) + (
                      ["--backfill"] if backfill else []) + (
-                     ["--rows-out"] if rows_out else [])
+                     ["--rows-out"] if rows_out else []) + (
+                     ["--seed"] if seeds else []) + (["--workers"] if workers != 1 else [])
         if given:
             raise click.UsageError(f"{', '.join(given)}: not with --validate (the workload "
                                    "file fixes the site, parameters and jobs)")
@@ -136,15 +147,16 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
     on_row = _row_writer(rows_out) if rows_out else None
     with progress_bar() as bar:
         result = run_simulation(site, trace, params, policies=chosen, loads=swept,
-                                first=first, limit=limit, progress=_by_load(bar, swept),
-                                on_row=on_row)
+                                first=first, limit=limit, seeds=tuple(seeds) or (0,),
+                                workers=workers, progress=bar, on_row=on_row)
     if plot_dir is not None:
         from hetslurm.simulate.plots import write_plots
 
         for written in write_plots(result, plot_dir):
             click.echo(f"simulate: wrote {written}", err=True)
     failed = [r for r in result.rows if "error" in r]
-    keys = (*_ROW_KEYS, "error") if failed else _ROW_KEYS
+    keys = _ROW_KEYS if len(set(seeds)) < 2 else (*_ROW_KEYS[:2], "seed", *_ROW_KEYS[2:])
+    keys = (*keys, "error") if failed else keys
     rows = [{k: _round(r.get(k)) for k in keys} for r in result.rows]
     emit(rows, output_format, title=f"simulate {trace_format} on {site.name}",
          document=result.to_dict())
@@ -195,24 +207,6 @@ def _validate(path: str, policies: tuple[str, ...], limit: int | None,
          document=result.to_dict())
     if not result.passed:
         sys.exit(1)
-
-
-def _by_load(bar: Callable[[str, int, int], None] | None,
-             loads: tuple[float, ...]) -> Callable[[str, int, int], None] | None:
-    """Label each replay's bar with its policy and load: a policy's replays run in the
-    order of ``loads``, and its count of finished jobs goes back when the next one starts."""
-    if bar is None:
-        return None
-    state: dict[str, tuple[int, int]] = {}  # policy -> (index into loads, last count)
-
-    def tick(policy: str, done: int, total: int) -> None:
-        k, last = state.get(policy, (0, -1))
-        if done < last:
-            k = min(k + 1, len(loads) - 1)
-        state[policy] = (k, done)
-        bar(f"{policy} load {loads[k]:g}", done, total)
-
-    return tick
 
 
 @contextmanager

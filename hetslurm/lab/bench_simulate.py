@@ -75,8 +75,8 @@ def bench_simulate(site: Site, params: Params, *, policies: Sequence[str],
                          and r["policy"] == p and r["model"] == "easy"), None)
             out.append({
                 "trace": name, "policy": p, "model": bf, "backfill": bf, "load": load,
-                # Class labels are drawn by a stable hash of the job id: no seed to vary yet.
-                "seed": None, "jobs": len(jobs[p]),
+                # The seed of the class draw (simulate --seed); the bench times seed 0.
+                "seed": params.seed, "jobs": len(jobs[p]),
                 "dropped": sum(dropped.values()), "seconds": round(seconds, 3),
                 "vs_easy": (round(seconds / easy, 2) if bf != "easy" and easy else None),
                 "loadavg_1m": [round(avg_before, 2), round(os.getloadavg()[0], 2)],

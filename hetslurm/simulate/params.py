@@ -79,6 +79,9 @@ class Params:
     backfill_window_s: float
     policies: Mapping[str, PolicyParams]
     bounded_mean_wait_s: float
+    #: The seed of the replay's random choices (the class drawn for a job the trace leaves
+    #: untyped); not in the file: ``simulate --seed``. 0 is the draw of earlier releases.
+    seed: int = 0
 
     def with_speed_exponent(self, exponent: float) -> Params:
         """The same assumptions with every ``[speeds]`` value raised to ``exponent``.

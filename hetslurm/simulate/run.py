@@ -14,7 +14,7 @@ from hetslurm.simulate.loop import Backfill, ReplayResult, replay
 from hetslurm.simulate.measures import measure
 from hetslurm.simulate.params import BASELINES, Params
 from hetslurm.simulate.slurm_backfill import SlurmRules
-from hetslurm.simulate.traces import Trace
+from hetslurm.simulate.traces import Trace, TraceJob
 from hetslurm.simulate.workload import (
     SimJob,
     build_jobs,
@@ -36,15 +36,20 @@ class RunTrace:
 
 @dataclass(frozen=True)
 class SimulationResult:
-    """Rows (one per policy and load) and a summary per policy."""
+    """Rows (one per policy, load and seed) and a summary per policy."""
 
     rows: list[dict[str, Any]]
     summary: list[dict[str, Any]]
     meta: dict[str, Any] = field(default_factory=dict)
     traces: dict[tuple[str, float], RunTrace] = field(default_factory=dict, repr=False)
+    #: With several seeds: per (policy, load), each measure's median and min-max.
+    spread: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"meta": self.meta, "rows": self.rows, "summary": self.summary}
+        out = {"meta": self.meta, "rows": self.rows, "summary": self.summary}
+        if self.spread:
+            out["spread"] = self.spread
+        return out
 
 
 def run_replay(params: Params, model: ClusterModel, jobs: Sequence[SimJob],
@@ -64,53 +69,45 @@ def backfill_model(params: Params, name: str | None = None) -> Backfill:
     return Easy(params.backfill_depth)
 
 
-def simulate(
-    site: Site, trace: Trace, params: Params, *, policies: Sequence[str],
-    loads: Sequence[float], first: int = 0, limit: int | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
-    on_row: Callable[[dict[str, Any]], None] | None = None,
-) -> SimulationResult:
-    """Replay ``trace`` (jobs ``first .. first+limit``) under each policy at each load.
+@dataclass
+class TaskResult:
+    """What one replay task (a seed and some policies, every load) produced."""
 
-    Each (policy, load) row is handed to ``on_row`` as soon as it is done. An internal error
-    of one replay becomes that row's ``error`` (its measures absent) and the sweep goes on;
-    ``meta.failed_rows`` counts them. Each row's ``internal_disagreements`` counts the
-    times the free counts admitted what the placement core refused (the core decided);
-    ``meta.disagreement_examples`` keeps the first few per row, with job and nodes.
+    rows: list[dict[str, Any]]
+    dropped: dict[str, int]
+    jobs_replayed: int
+    examples: dict[str, list[dict[str, object]]] = field(default_factory=dict)
+    traces: dict[tuple[str, float], RunTrace] = field(default_factory=dict)
 
-    Raises:
-        ConfigError: a policy the parameter file does not define, a load <= 0, a partition
-            the site lacks, or a speed the parameter file lacks.
-    """
-    for p in policies:
-        if p not in params.policies:
-            raise ConfigError(f"{params.path}: no [policy.{p}]; defined: "
-                              f"{', '.join(params.policies)}")
-    if not loads or any(x <= 0 for x in loads):
-        raise ConfigError("--load values must be > 0")
-    sample = trace.jobs[first: None if limit is None else first + limit]
-    if not sample:
-        raise ConfigError(f"{trace.path}: no job in the selected range")
-    t0 = sample[0].submit
-    sample = tuple(replace(j, submit=j.submit - t0) for j in sample)
-    jobs, dropped = build_jobs(sample, trace.format, site, params, policies)
+
+def replay_task(site: Site, sample: Sequence[TraceJob], fmt: str, params: Params, *,
+                policies: Sequence[str], run: Sequence[str], loads: Sequence[float],
+                seed: int, keep_traces: bool = True, label_seed: bool = False,
+                progress: Callable[[str, int, int], None] | None = None,
+                on_row: Callable[[dict[str, Any]], None] | None = None) -> TaskResult:
+    """Replay ``sample`` under each of ``run`` (of ``policies``, which decide together
+    which jobs are dropped) at each load, with seed ``seed``; each row handed to ``on_row``
+    the moment it is done. ``progress`` gets each replay's label (``"<policy> load <x>"``,
+    then ``" seed <s>"`` with ``label_seed``), its finished jobs and its total."""
+    p_seed = replace(params, seed=seed)
+    jobs, dropped = build_jobs(sample, fmt, site, p_seed, policies)
     base = ClusterModel.from_site(site)
-    rows: list[dict[str, Any]] = []
-    traces: dict[tuple[str, float], RunTrace] = {}
-    examples: dict[str, list[dict[str, object]]] = {}
-    for p in policies:
-        model = node_weights(base, params.policies[p], params)
+    out = TaskResult([], dropped, len(jobs[policies[0]]) if policies else 0)
+    for p in run:
+        model = node_weights(base, p_seed.policies[p], p_seed)
         names = partition_names(jobs[p])
         parts = {name: partition_nodes(site, model, name) for name in names}
         for load in loads:
             began = time.perf_counter()
             tick = None
             if progress is not None:
-                def tick(done: int, _p: str = p, _n: int = len(jobs[p])) -> None:
-                    progress(_p, done, _n)
-            row: dict[str, Any] = {"policy": p, "load": load}
+                label = f"{p} load {load:g}" + (f" seed {seed}" if label_seed else "")
+
+                def tick(done: int, _l: str = label, _n: int = len(jobs[p])) -> None:
+                    progress(_l, done, _n)
+            row: dict[str, Any] = {"policy": p, "load": load, "seed": seed}
             try:
-                res = run_replay(params, model, jobs[p], parts, load=load, progress=tick)
+                res = run_replay(p_seed, model, jobs[p], parts, load=load, progress=tick)
             except (ConfigError, KeyboardInterrupt):
                 raise
             except Exception as exc:
@@ -120,30 +117,184 @@ def simulate(
                 row.update(measure(model, res))
                 row["internal_disagreements"] = res.stats.disagreements
                 if res.stats.disagreement_examples:
-                    examples[f"{p}@{load:g}"] = res.stats.disagreement_examples
-                traces[(p, load)] = RunTrace(
-                    [r.start - r.submit for r in res.records],
-                    [(r.start, r.end, r.job.gpus) for r in res.records],
-                )
+                    out.examples[f"{p}@{load:g}#{seed}"] = res.stats.disagreement_examples
+                if keep_traces:
+                    out.traces[(p, load)] = RunTrace(
+                        [r.start - r.submit for r in res.records],
+                        [(r.start, r.end, r.job.gpus) for r in res.records],
+                    )
             row["seconds"] = round(time.perf_counter() - began, 3)
-            rows.append(row)
+            out.rows.append(row)
             if on_row is not None:
                 on_row(row)
-    summary = _summary(rows, params, policies, loads)
+    return out
+
+
+def simulate(
+    site: Site, trace: Trace, params: Params, *, policies: Sequence[str],
+    loads: Sequence[float], first: int = 0, limit: int | None = None,
+    seeds: Sequence[int] = (0,), workers: int = 1,
+    progress: Callable[[str, int, int], None] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> SimulationResult:
+    """Replay ``trace`` (jobs ``first .. first+limit``) under each policy at each load, once
+    per seed of the random choices (:func:`hetslurm.simulate.workload.classify`; seed 0
+    is the draw every earlier release made).
+
+    Each (policy, load, seed) row is handed to ``on_row`` as soon as it is done. An internal
+    error of one replay becomes that row's ``error`` (its measures absent) and the sweep goes
+    on; ``meta.failed_rows`` counts them. Each row's ``internal_disagreements`` counts the
+    times the free counts admitted what the placement core refused (the core decided);
+    ``meta.disagreement_examples`` keeps the first few per row, with job and nodes. With
+    ``workers`` > 1 the (seed, policy) tasks run in that many child processes
+    (:mod:`hetslurm.simulate.parallel`); the rows are the same as in one process. With more
+    than one seed the summary holds the median over the seeds and each figure's min-max
+    (``spread``), and ``spread`` the same per (policy, load) (docs/simulate.md).
+
+    Raises:
+        ConfigError: a policy the parameter file does not define, a load <= 0, a seed < 0
+            or given twice, a partition the site lacks, or a speed the parameter file lacks.
+    """
+    for p in policies:
+        if p not in params.policies:
+            raise ConfigError(f"{params.path}: no [policy.{p}]; defined: "
+                              f"{', '.join(params.policies)}")
+    if not loads or any(x <= 0 for x in loads):
+        raise ConfigError("--load values must be > 0")
+    if not seeds or any(x < 0 for x in seeds) or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seed values must be distinct integers >= 0, got {list(seeds)}")
+    if workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {workers}")
+    sample = trace.jobs[first: None if limit is None else first + limit]
+    if not sample:
+        raise ConfigError(f"{trace.path}: no job in the selected range")
+    t0 = sample[0].submit
+    sample = tuple(replace(j, submit=j.submit - t0) for j in sample)
+    tasks = [(seed, p) for seed in seeds for p in policies]
+    results: list[TaskResult]
+    if workers > 1 and len(tasks) > 1:
+        from hetslurm.simulate.parallel import run_parallel
+
+        results = run_parallel(site, trace, params, policies=policies, loads=loads,
+                               first=first, limit=limit, tasks=tasks, workers=workers,
+                               keep_traces_seed=seeds[0], progress=progress, on_row=on_row)
+    else:
+        results = [replay_task(site, sample, trace.format, params, policies=policies,
+                               run=policies, loads=loads, seed=seed,
+                               keep_traces=seed == seeds[0], label_seed=len(seeds) > 1,
+                               progress=progress, on_row=on_row) for seed in seeds]
+    order = {(seed, p, x): i for i, (seed, p, x) in enumerate(
+        (seed, p, x) for seed in seeds for p in policies for x in loads)}
+    rows = sorted((r for res in results for r in res.rows),
+                  key=lambda r: order[(r["seed"], r["policy"], r["load"])])
+    traces: dict[tuple[str, float], RunTrace] = {}
+    examples: dict[str, list[dict[str, object]]] = {}
+    for res in results:
+        traces.update(res.traces)
+        examples.update(res.examples)
+    first_seed = [res for res in results if res.rows and res.rows[0]["seed"] == seeds[0]]
+    head = first_seed[0] if first_seed else results[0]
+    if len(seeds) == 1:
+        summary = _summary(rows, params, policies, loads)
+        spread: list[dict[str, Any]] = []
+        strongest = strongest_baseline(rows, params, policies, loads)
+    else:
+        summary, spread, strongest = _seeded_summary(rows, params, policies, loads, seeds)
     meta = {
         "site": site.name, "trace": trace.path, "format": trace.format,
         "first": first, "jobs_selected": len(sample),
-        "jobs_replayed": len(jobs[policies[0]]) if policies else 0,
-        "dropped": dropped, "skipped_by_reader": trace.skipped,
+        "jobs_replayed": head.jobs_replayed,
+        "dropped": head.dropped, "skipped_by_reader": trace.skipped,
         "compression": trace.compression, "unused_columns": list(trace.unused_columns),
         "trace_values": trace_values(sample, site, params, policies), "params": params.path,
         "backfill": params.backfill, "backfill_depth": params.backfill_depth,
         "backfill_window_s": params.backfill_window_s,
+        "seeds": list(seeds), "workers": workers,
         "failed_rows": sum(1 for r in rows if "error" in r),
         "disagreement_examples": examples,
-        "strongest_baseline": strongest_baseline(rows, params, policies, loads),
+        "strongest_baseline": strongest,
     }
-    return SimulationResult(rows, summary, meta, traces)
+    if len(seeds) > 1:
+        by_seed = {res.rows[0]["seed"]: res.jobs_replayed for res in results if res.rows}
+        meta["jobs_replayed_by_seed"] = {str(k): by_seed[k] for k in seeds if k in by_seed}
+    return SimulationResult(rows, summary, meta, traces, spread)
+
+
+#: Row measures whose median and min-max over the seeds ``spread`` gives.
+SPREAD_KEYS = ("jobs", "unfinished", "mean_wait_s", "median_wait_s", "p95_wait_s",
+               "mean_jct_s", "makespan_s", "completions_per_h_saturated", "mean_queue_depth",
+               "energy_kwh")
+
+
+def _median(vals: Sequence[float]) -> float:
+    v = sorted(vals)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2.0
+
+
+def _stat(vals: Sequence[Any]) -> tuple[float | None, list[float] | None]:
+    """The median and [min, max] of the numbers among ``vals`` (None where there is none)."""
+    nums = [float(v) for v in vals if isinstance(v, int | float) and not isinstance(v, bool)]
+    if not nums:
+        return None, None
+    return round(_median(nums), 4), [round(min(nums), 4), round(max(nums), 4)]
+
+
+def _seeded_summary(rows: list[dict[str, Any]], params: Params, policies: Sequence[str],
+                    loads: Sequence[float], seeds: Sequence[int],
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str | None]:
+    """The summary as the median over seeds, its spread, and the per-(policy, load) spread.
+
+    The strongest baseline is decided once, on the median rows (a baseline with a failed row
+    at any seed ranks last), and every seed's ratios are against it."""
+    by = {(r["seed"], r["policy"], r["load"]): r for r in rows}
+    spread: list[dict[str, Any]] = []
+    med_rows: list[dict[str, Any]] = []
+    for p in policies:
+        for x in loads:
+            rs = [by[(s, p, x)] for s in seeds]
+            entry: dict[str, Any] = {"policy": p, "load": x, "seeds": len(seeds),
+                                     "failed": sum(1 for r in rs if "error" in r)}
+            med: dict[str, Any] = {"policy": p, "load": x}
+            for k in SPREAD_KEYS:
+                m, mm = _stat([r.get(k) for r in rs])
+                entry[k] = {"median": m, "min": None if mm is None else mm[0],
+                            "max": None if mm is None else mm[1]}
+                med[k] = m
+            if entry["failed"]:
+                med["error"] = f"{entry['failed']} seed(s) failed"
+            spread.append(entry)
+            med_rows.append(med)
+    strongest = strongest_baseline(med_rows, params, policies, loads)
+    per_seed = [{e["policy"]: e for e in _summary(
+        [r for r in rows if r["seed"] == s], params, policies, loads, strongest=strongest)}
+        for s in seeds]
+    summary = []
+    for p in policies:
+        entries = [ps[p] for ps in per_seed]
+        out: dict[str, Any] = {"policy": p, "seeds": len(seeds)}
+        out_spread: dict[str, Any] = {}
+
+        def merge(key: str, vals: list[Any], into: dict[str, Any], sp: dict[str, Any]) -> None:
+            m, mm = _stat(vals)
+            into[key] = m
+            sp[key] = mm
+
+        for key, v0 in entries[0].items():
+            if key in ("policy", "baseline", "bounded_mean_wait_s"):
+                out[key] = v0
+            elif key == "vs":
+                out["vs"], out_spread["vs"] = {}, {}
+                for b in v0:
+                    out["vs"][b], out_spread["vs"][b] = {}, {}
+                    for k2 in v0[b]:
+                        merge(k2, [e["vs"][b][k2] for e in entries], out["vs"][b],
+                              out_spread["vs"][b])
+            else:
+                merge(key, [e.get(key) for e in entries], out, out_spread)
+        out["spread"] = out_spread
+        summary.append(out)
+    return summary, spread, strongest
 
 
 def strongest_baseline(rows: list[dict[str, Any]], params: Params,
@@ -188,12 +339,13 @@ def _versus(by: dict[tuple[str, float], dict[str, Any]], p: str, b: str, params:
 
 
 def _summary(rows: list[dict[str, Any]], params: Params, policies: Sequence[str],
-             loads: Sequence[float]) -> list[dict[str, Any]]:
+             loads: Sequence[float], *, strongest: str | None = "") -> list[dict[str, Any]]:
     """Per policy: the highest load whose mean wait is bounded, its ratios against the
-    strongest baseline of the run (flat keys, ``baseline`` names it) and against each
-    other baseline (``vs``)."""
+    strongest baseline of the run (flat keys, ``baseline`` names it; ``strongest`` fixes
+    it, the default decides it from ``rows``) and against each other baseline (``vs``)."""
     by = {(r["policy"], r["load"]): r for r in rows}
-    strongest = strongest_baseline(rows, params, policies, loads)
+    if strongest == "":
+        strongest = strongest_baseline(rows, params, policies, loads)
     out = []
     for p in policies:
         entry: dict[str, Any] = {

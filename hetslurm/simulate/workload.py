@@ -118,12 +118,14 @@ def classify(job: TraceJob, params: Params) -> Classified | None:
                 return Classified(job, cls, False, gpus)
         raise ConfigError(f"{params.path}: [classify.gavel_family] has no family for job type "
                           f"'{job.job_type}'")
-    return Classified(job, _draw(job.id, params.untyped_shares), False, gpus)
+    return Classified(job, _draw(job.id, params.untyped_shares, params.seed), False, gpus)
 
 
-def _draw(key: str, shares: Mapping[str, float]) -> str:
-    """A class drawn by a stable hash of the job id, in proportion to ``shares``."""
-    u = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") / 2.0**64
+def _draw(key: str, shares: Mapping[str, float], seed: int = 0) -> str:
+    """A class drawn by a stable hash of the job id (and the seed, where not 0), in
+    proportion to ``shares``."""
+    salted = key if seed == 0 else f"{seed}/{key}"
+    u = int.from_bytes(hashlib.sha256(salted.encode()).digest()[:8], "big") / 2.0**64
     total = sum(shares.values())
     acc = 0.0
     for name in sorted(shares):

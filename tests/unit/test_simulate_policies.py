@@ -501,3 +501,103 @@ def test_cli_policy_all_replays_every_baseline(toy: Site, tmp_path: Path) -> Non
     bad = CliRunner().invoke(cli, ["simulate", "--validate", "--sim-only", "--policy",
                                    "slurm-tuned"])
     assert bad.exit_code != 0 and "unknown policy 'slurm-tuned'" in bad.output
+
+
+def _mixed_trace(tmp_path: Path, n: int = 16) -> tuple[Path, Path]:
+    """Philly jobs the toy site's untyped shares split between vision and rl (by the
+    seed's draw), and the shipped parameters with those shares."""
+    trace = tmp_path / "philly.csv"
+    trace.write_text("timestamp,duration,num_gpus,gpu_time,cluster\n" + "".join(
+        f"2017-10-09 07:{2 * i:02d}:00,{600 + 37 * i},1,0,a\n" for i in range(n)))
+    params = tmp_path / "p.toml"
+    params.write_text(SHIPPED.read_text().replace(
+        "untyped_shares = { vision = 0.396, language = 0.379, recommendation = 0.191, rl = 0.035 }",
+        "untyped_shares = { vision = 0.5, rl = 0.5 }"))
+    return trace, params
+
+
+def test_seeds_change_the_draw_and_the_summary_gives_median_and_spread(
+        toy: Site, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from hetslurm.simulate.run import simulate
+    from hetslurm.simulate.traces import read_trace
+
+    trace_file, params_file = _mixed_trace(tmp_path)
+    params = load_params(params_file)
+    trace = read_trace(trace_file, "philly")
+    draws = {s: [classify(j, replace(params, seed=s)).cls for j in trace.jobs]  # type: ignore[union-attr]
+             for s in (0, 1, 2)}
+    assert draws[0] != draws[1] != draws[2] and {"vision", "rl"} <= set(draws[1])
+    seen: list[str] = []
+    res = simulate(toy, trace, params, policies=POLICIES, loads=(1.0, 3.0), seeds=(0, 1, 2),
+                   progress=lambda label, done, total: seen.append(label))
+    assert [(r["seed"], r["policy"], r["load"]) for r in res.rows] == [
+        (s, p, x) for s in (0, 1, 2) for p in POLICIES for x in (1.0, 3.0)]
+    assert {"slurm-default load 1 seed 0", "hetslurm load 3 seed 2"} <= set(seen)
+    # Seed 0 alone is the draw every earlier release made: the same rows.
+    alone = simulate(toy, trace, params, policies=POLICIES, loads=(1.0, 3.0))
+    strip = ("seconds",)
+    assert [{k: v for k, v in r.items() if k not in strip} for r in alone.rows] == [
+        {k: v for k, v in r.items() if k not in strip} for r in res.rows if r["seed"] == 0]
+    # Per (policy, load): the median and min-max over the three seeds.
+    waits = {(r["policy"], r["load"]): [] for r in res.rows}
+    for r in res.rows:
+        waits[(r["policy"], r["load"])].append(r["mean_wait_s"])
+    for e in res.spread:
+        w = sorted(waits[(e["policy"], e["load"])])
+        assert e["seeds"] == 3 and e["mean_wait_s"] == {
+            "median": round(w[1], 4), "min": round(w[0], 4), "max": round(w[2], 4)}
+    het = res.summary[1]
+    ratios = sorted(r["mean_wait_s"] / d["mean_wait_s"] if d["mean_wait_s"] else None
+                    for r, d in zip([r for r in res.rows if r["policy"] == "hetslurm"
+                                     and r["load"] == 3.0],
+                                    [r for r in res.rows if r["policy"] == "slurm-default"
+                                     and r["load"] == 3.0], strict=True))
+    assert het["seeds"] == 3 and het["baseline"] == "slurm-default"
+    assert het["mean_wait_ratio@3"] == pytest.approx(ratios[1], abs=1e-4)
+    assert het["spread"]["mean_wait_ratio@3"] == pytest.approx([ratios[0], ratios[2]],
+                                                               abs=1e-4)
+    assert res.meta["seeds"] == [0, 1, 2]
+    with pytest.raises(ConfigError, match="distinct integers"):
+        simulate(toy, trace, params, policies=POLICIES, loads=(1.0,), seeds=(1, 1))
+
+
+def test_workers_replay_in_child_processes_with_the_same_rows(toy: Site,
+                                                              tmp_path: Path) -> None:
+    trace_file, params_file = _mixed_trace(tmp_path)
+    rows_out = tmp_path / "rows.jsonl"
+    args = ["simulate", "--site", toy.path, "--trace", str(trace_file), "--trace-format",
+            "philly", "--params", str(params_file), "--load", "1", "--load", "3", "--seed",
+            "0", "--seed", "5", "--speed-exponent", "2", "--format", "json"]
+    one = CliRunner().invoke(cli, args)
+    two = CliRunner().invoke(cli, [*args, "--workers", "2", "--rows-out", str(rows_out)])
+    assert one.exit_code == 0 and two.exit_code == 0, one.output + two.output
+    a, b = json.loads(one.stdout), json.loads(two.stdout)
+
+    def strip(rows: list[dict[str, object]]) -> list[dict[str, object]]:
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in rows]
+
+    assert strip(a["rows"]) == strip(b["rows"]) and a["summary"] == b["summary"]
+    assert a["spread"] == b["spread"] and b["meta"]["workers"] == 2
+    assert len(rows_out.read_text().splitlines()) == 8
+    # A child that cannot replay turns its rows into error rows; the others stand.
+    from hetslurm.simulate import parallel
+
+    site = load_site(toy.path)
+    params = load_params(params_file)
+    from hetslurm.simulate.traces import read_trace
+
+    trace = read_trace(trace_file, "philly")
+    res = parallel.run_parallel(site, trace, params, policies=POLICIES, loads=(1.0,),
+                                first=0, limit=None, tasks=[(0, "hetslurm")], workers=1,
+                                keep_traces_seed=0, timeout_s=0.01)
+    assert res[0].rows[0]["error"].startswith("WorkerError: the replay's child ran past")
+    # A child's refusal (here: the trace file went away) is the parent's, one line.
+    from dataclasses import replace
+
+    with pytest.raises(ConfigError, match="gone.csv"):
+        parallel.run_parallel(site, replace(trace, path=str(tmp_path / "gone.csv")), params,
+                              policies=POLICIES, loads=(1.0,), first=0, limit=None,
+                              tasks=[(0, "hetslurm"), (1, "hetslurm")], workers=2,
+                              keep_traces_seed=0)

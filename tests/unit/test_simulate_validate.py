@@ -243,15 +243,3 @@ def test_progress_bar_is_silent_off_a_terminal() -> None:
         assert bar is None  # pytest's stderr is not a terminal
 
 
-def test_progress_labels_each_replay_with_its_policy_and_load() -> None:
-    from hetslurm.cli.simulate_cmd import _by_load
-
-    seen: list[tuple[str, int, int]] = []
-    tick = _by_load(lambda label, done, total: seen.append((label, done, total)), (0.5, 2.0))
-    assert tick is not None
-    for policy in ("slurm-default", "hetslurm"):
-        for done in (3, 10, 1, 10):  # two replays: the count goes back at the second
-            tick(policy, done, 10)
-    assert [s[0] for s in seen] == ["slurm-default load 0.5"] * 2 + \
-        ["slurm-default load 2"] * 2 + ["hetslurm load 0.5"] * 2 + ["hetslurm load 2"] * 2
-    assert _by_load(None, (1.0,)) is None
