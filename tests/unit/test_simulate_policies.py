@@ -596,7 +596,7 @@ def test_workers_replay_in_child_processes_with_the_same_rows(toy: Site,
     # A child's refusal (here: the trace file went away) is the parent's, one line.
     from dataclasses import replace
 
-    with pytest.raises(ConfigError, match="gone.csv"):
+    with pytest.raises(ConfigError, match=r"gone\.csv"):
         parallel.run_parallel(site, replace(trace, path=str(tmp_path / "gone.csv")), params,
                               policies=POLICIES, loads=(1.0,), first=0, limit=None,
                               tasks=[(0, "hetslurm"), (1, "hetslurm")], workers=2,
