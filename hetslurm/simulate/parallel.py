@@ -14,6 +14,7 @@ an error inside one replay.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 import threading
@@ -88,7 +89,8 @@ def run_parallel(site: Site, trace: Trace, params: Params, *, policies: Sequence
                 return out
             try:
                 res = run_command([sys.executable, "-m", "hetslurm.simulate.worker"],
-                                  input=json.dumps(spec), timeout=timeout_s)
+                                  input=json.dumps(spec), timeout=timeout_s,
+                                  env=child_env(), cwd=tmp)
                 _fill(out, json.loads(res.stdout.strip().splitlines()[-1])["result"])
             except CommandError as exc:
                 f = exc.failure
@@ -122,6 +124,19 @@ def run_parallel(site: Site, trace: Trace, params: Params, *, policies: Sequence
             raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def child_env() -> dict[str, str]:
+    """Our environment, with the folder that holds the ``hetslurm`` we run first on
+    ``PYTHONPATH``: the child imports the same package (and its compiled core), not a
+    source tree without one that happens to be its working folder or on its path."""
+    import hetslurm
+
+    home = str(Path(hetslurm.__file__).resolve().parents[1])
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [home] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != home])
+    return env
 
 
 def _fill(out: Any, result: dict[str, Any]) -> None:
