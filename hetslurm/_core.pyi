@@ -134,6 +134,16 @@ class PlacementCore:
         mem: int,
     ) -> None:
         """Mark one node's devices, cores and memory busy (state and index)."""
+    def refresh(
+        self,
+        nodes: npt.NDArray[np.int64],
+        available: npt.NDArray[np.uint8],
+        gpu_free: npt.NDArray[np.uint8],
+        fpga_free: npt.NDArray[np.uint8],
+        core_free: npt.NDArray[np.uint8],
+        mem_free: npt.NDArray[np.int64],
+    ) -> None:
+        """Set some nodes' state from whole-cluster state arrays (state and index)."""
     def evaluate(
         self,
         req: npt.NDArray[np.int64],
@@ -177,6 +187,12 @@ class NodeSpans:
     def ends_after(self, t: float) -> list[float]: ...
     def earliest_one(self, raw: npt.NDArray[np.float64], limit: float, t: float,
                      weight: npt.NDArray[np.int64], mult: int) -> tuple[float, int, bool]: ...
+    def reserve_ones(self, raws: npt.NDArray[np.float64], slot: npt.NDArray[np.int64],
+                     sid: npt.NDArray[np.int64], limit: npt.NDArray[np.float64],
+                     mult: npt.NDArray[np.int64], hopeless: npt.NDArray[np.float64],
+                     weight: npt.NDArray[np.int64], t: float, horizon: float,
+                     when_out: npt.NDArray[np.float64],
+                     node_out: npt.NDArray[np.int64]) -> int: ...
     def feasible_last(self) -> npt.NDArray[np.bool_]: ...
     def earliest_multi(self, raw: npt.NDArray[np.float64], k: int, limit: float, t: float,
                        horizon: float) -> float: ...

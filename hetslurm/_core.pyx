@@ -1626,6 +1626,69 @@ cdef class PlacementCore:
             if self.available[node]:
                 self._index_insert(node)
 
+    def refresh(
+        self,
+        const int64_t[::1] nodes not None,
+        const uint8_t[::1] available not None,
+        const uint8_t[::1] gpu_free not None,
+        const uint8_t[::1] fpga_free not None,
+        const uint8_t[::1] core_free not None,
+        const int64_t[::1] mem_free not None,
+    ):
+        """Set the state of ``nodes`` from whole-cluster state arrays, in the state and the
+        index, as a core built from those arrays holds them: what was taken elsewhere is
+        busy here, what was given back is free again (memory below 0 reads as 0). Nodes
+        not named keep what they have.
+
+        For callers that keep one core per node mask over a state that changes (the
+        simulator: a job that ends gives its resources back; a commit on another mask's core
+        takes them), where rebuilding the core would copy every array. The aggregates the
+        kernels bound with depend on the static arrays only, so the core answers every
+        request as a freshly built one would.
+
+        Args:
+            nodes: int64 node indices (repeats allowed).
+            available: uint8 (N,); gpu_free (G,), fpga_free (F,), core_free (C,) uint8,
+                1 = free; mem_free int64 (N,) MiB.
+
+        Raises:
+            ValueError: an array of the wrong length or a node outside 0..N-1 (nothing is
+                changed).
+        """
+        cdef str fn = "PlacementCore.refresh"
+        self._check_ready(fn)
+        cdef Py_ssize_t n = self.n_nodes
+        _exact(fn, "available", available.shape[0], n, "one per node")
+        _exact(fn, "gpu_free", gpu_free.shape[0], self.gpu_offsets[n], "one per GPU")
+        _exact(fn, "fpga_free", fpga_free.shape[0], self.fpga_offsets[n], "one per FPGA")
+        _exact(fn, "core_free", core_free.shape[0], self.core_offsets[n], "one per core")
+        _exact(fn, "mem_free", mem_free.shape[0], n, "one per node")
+        cdef Py_ssize_t t, i, j, c, da
+        for t in range(nodes.shape[0]):
+            _in_range(fn, "nodes[]", nodes[t], 0, n - 1)
+        with nogil:
+            for t in range(nodes.shape[0]):
+                i = nodes[t]
+                self._index_remove(i)
+                self.gpu_free_count[i] = 0
+                for j in range(self.gpu_offsets[i], self.gpu_offsets[i + 1]):
+                    self.gpu_free[j] = gpu_free[j] != 0
+                    self.gpu_free_count[i] += self.gpu_free[j]
+                self.fpga_free_count[i] = 0
+                for j in range(self.fpga_offsets[i], self.fpga_offsets[i + 1]):
+                    self.fpga_free[j] = fpga_free[j] != 0
+                    self.fpga_free_count[i] += self.fpga_free[j]
+                da = self.numa_offsets[i]
+                for j in range(da, self.numa_offsets[i + 1]):
+                    self.numa_free[j] = 0
+                for c in range(self.core_offsets[i], self.core_offsets[i + 1]):
+                    self.core_free[c] = core_free[c] != 0
+                    self.numa_free[da + self.core_numa[c]] += self.core_free[c]
+                self.mem_free[i] = mem_free[i] if mem_free[i] > 0 else 0
+                self.available[i] = available[i] != 0
+                if self.available[i]:
+                    self._index_insert(i)
+
     def evaluate(
         self,
         const int64_t[::1] req not None,
@@ -1810,32 +1873,10 @@ cdef class NodeSpans:
 
     def add(self, nodes, double start, double end):
         """Reserve each of ``nodes`` (node indices) for ``[start, end)``."""
-        cdef Py_ssize_t i, at, c
-        cdef double *s
-        cdef double *f
+        cdef Py_ssize_t i
         idx = [self._node("add", node) for node in nodes]  # all checked before any is added
         for i in idx:
-            c = self.cnt[i]
-            if c == self.cap[i]:
-                self.cap[i] = 8 if c == 0 else 2 * c
-                s = <double *>realloc(self.st[i], self.cap[i] * sizeof(double))
-                if s == NULL:
-                    raise MemoryError()
-                self.st[i] = s
-                f = <double *>realloc(self.en[i], self.cap[i] * sizeof(double))
-                if f == NULL:
-                    raise MemoryError()
-                self.en[i] = f
-            s, f = self.st[i], self.en[i]
-            at = c  # after every span starting at or before `start` (bisect_right)
-            while at > 0 and s[at - 1] > start:
-                s[at] = s[at - 1]
-                f[at] = f[at - 1]
-                at -= 1
-            s[at] = start
-            f[at] = end
-            self.cnt[i] = c + 1
-            self.count += 1
+            self._add_one(i, start, end)
 
     cdef inline double _push(self, Py_ssize_t i, double x, double limit) noexcept nogil:
         """The earliest time >= x at which node i is free of spans for ``limit`` seconds:
@@ -1905,6 +1946,69 @@ cdef class NodeSpans:
         return [self.en[i][j] for i in range(self.n) for j in range(self.cnt[i])
                 if self.en[i][j] > t]
 
+    cdef double _earliest_one(self, const double *raw, double limit, double t,
+                              const int64_t *weight, int64_t mult, Py_ssize_t *best_out,
+                              bint *blocked_out) noexcept nogil:
+        """:meth:`earliest_one` on raw pointers (``raw`` and ``weight`` of ``n`` entries)."""
+        cdef Py_ssize_t i, best = -1
+        cdef double when = INFINITY, first
+        cdef double *e = self.e
+        cdef bint blocked_now = False
+        cdef int64_t key, best_key = 0
+        # The best node without a span; a node with spans can only do better if its own
+        # earliest fit is no later: push those past their spans.
+        for i in range(self.n):
+            if self.cnt[i] == 0 and raw[i] < when:
+                when = raw[i]
+        first = when
+        for i in range(self.n):
+            if self.cnt[i] == 0:
+                e[i] = raw[i]
+            elif raw[i] <= first:
+                e[i] = self._push(i, raw[i], limit)
+                if e[i] < when:
+                    when = e[i]
+                if raw[i] == t and e[i] != t:
+                    blocked_now = True
+            else:
+                e[i] = INFINITY
+        if when < INFINITY:
+            for i in range(self.n):
+                if e[i] == when:
+                    key = weight[i] * mult + i
+                    if best < 0 or key < best_key:
+                        best, best_key = i, key
+        self.last_when = when
+        best_out[0] = best
+        blocked_out[0] = blocked_now and when == t
+        return when
+
+    cdef int _add_one(self, Py_ssize_t i, double start, double end) except -1:
+        cdef Py_ssize_t at, c = self.cnt[i]
+        cdef double *s
+        cdef double *f
+        if c == self.cap[i]:
+            self.cap[i] = 8 if c == 0 else 2 * c
+            s = <double *>realloc(self.st[i], self.cap[i] * sizeof(double))
+            if s == NULL:
+                raise MemoryError()
+            self.st[i] = s
+            f = <double *>realloc(self.en[i], self.cap[i] * sizeof(double))
+            if f == NULL:
+                raise MemoryError()
+            self.en[i] = f
+        s, f = self.st[i], self.en[i]
+        at = c  # after every span starting at or before `start` (bisect_right)
+        while at > 0 and s[at - 1] > start:
+            s[at] = s[at - 1]
+            f[at] = f[at - 1]
+            at -= 1
+        s[at] = start
+        f[at] = end
+        self.cnt[i] = c + 1
+        self.count += 1
+        return 0
+
     def earliest_one(self, const double[::1] raw, double limit, double t,
                      const int64_t[::1] weight, int64_t mult):
         """The earliest time one node holds a one-node shape for ``limit`` seconds clear
@@ -1919,37 +2023,75 @@ cdef class NodeSpans:
         cdef str fn = "NodeSpans.earliest_one"
         _exact(fn, "raw", raw.shape[0], self.n, "one per node")
         _exact(fn, "weight", weight.shape[0], self.n, "one per node")
-        cdef Py_ssize_t i, best = -1
-        cdef double when = INFINITY, first
-        cdef double *e = self.e
-        cdef bint blocked_now = False
-        cdef int64_t key, best_key = 0
-        with nogil:
-            # The best node without a span; a node with spans can only do better if its
-            # own earliest fit is no later: push those past their spans.
-            for i in range(self.n):
-                if self.cnt[i] == 0 and raw[i] < when:
-                    when = raw[i]
-            first = when
-            for i in range(self.n):
-                if self.cnt[i] == 0:
-                    e[i] = raw[i]
-                elif raw[i] <= first:
-                    e[i] = self._push(i, raw[i], limit)
-                    if e[i] < when:
-                        when = e[i]
-                    if raw[i] == t and e[i] != t:
-                        blocked_now = True
-                else:
-                    e[i] = INFINITY
-            if when < INFINITY:
-                for i in range(self.n):
-                    if e[i] == when:
-                        key = weight[i] * mult + i
-                        if best < 0 or key < best_key:
-                            best, best_key = i, key
-        self.last_when = when
-        return when, best, bool(blocked_now and when == t)
+        cdef Py_ssize_t best = -1
+        cdef bint blocked = False
+        cdef double when = INFINITY
+        if self.n > 0:
+            with nogil:
+                when = self._earliest_one(&raw[0], limit, t, &weight[0], mult, &best,
+                                          &blocked)
+        else:
+            self.last_when = INFINITY
+        return when, best, bool(blocked)
+
+    def reserve_ones(self, const double[:, ::1] raws, const int64_t[::1] slot,
+                     const int64_t[::1] sid, const double[::1] limit,
+                     const int64_t[::1] mult, double[::1] hopeless,
+                     const int64_t[::1] weight, double t, double horizon,
+                     double[::1] when_out, int64_t[::1] node_out):
+        """A backfill pass's run of one-node jobs whose node the weight alone chooses, in
+        order: each gets :meth:`earliest_one` (its shape's earliest fits ``raws[slot[j]]``,
+        spans aside; ``mult[j]`` its weight multiplier) and, when that is after ``t`` and
+        within ``horizon``, a span on the chosen node for ``[when, when + limit[j])``.
+
+        A job whose ``limit[j]`` is no shorter than ``hopeless[sid[j]]`` (its shape's
+        shortest limit that found nothing), or that finds nothing within the horizon, gets
+        ``when_out[j] = inf`` (``hopeless`` lowered to its limit); otherwise ``when_out[j]``
+        and ``node_out[j]`` are its start and node. Stops before the first job that could
+        start at ``t`` (the caller decides on which nodes): returns its index, or the
+        number of jobs when every one was answered.
+
+        Raises:
+            ValueError: arrays of unequal lengths, a slot outside ``raws`` or a shape
+                outside ``hopeless`` (nothing is reserved).
+        """
+        cdef str fn = "NodeSpans.reserve_ones"
+        cdef Py_ssize_t m = slot.shape[0], j, best
+        _exact(fn, "raws[0]", raws.shape[1], self.n, "one per node")
+        _exact(fn, "weight", weight.shape[0], self.n, "one per node")
+        for name, have in (("sid", sid.shape[0]), ("limit", limit.shape[0]),
+                           ("mult", mult.shape[0]), ("when_out", when_out.shape[0]),
+                           ("node_out", node_out.shape[0])):
+            _exact(fn, name, have, m, "one per job")
+        for j in range(m):
+            _in_range(fn, "slot[]", slot[j], 0, raws.shape[0] - 1)
+            _in_range(fn, "sid[]", sid[j], 0, hopeless.shape[0] - 1)
+        cdef double when
+        cdef bint blocked
+        if self.n == 0:
+            for j in range(m):
+                when_out[j] = INFINITY
+                node_out[j] = -1
+            return m
+        for j in range(m):
+            node_out[j] = -1
+            if limit[j] >= hopeless[sid[j]]:
+                when_out[j] = INFINITY
+                continue
+            with nogil:
+                when = self._earliest_one(&raws[slot[j], 0], limit[j], t, &weight[0],
+                                          mult[j], &best, &blocked)
+            if when > horizon or when == INFINITY:
+                when_out[j] = INFINITY
+                if limit[j] < hopeless[sid[j]]:
+                    hopeless[sid[j]] = limit[j]
+                continue
+            if when == t:
+                return j
+            when_out[j] = when
+            node_out[j] = best
+            self._add_one(best, when, when + limit[j])
+        return m
 
     def feasible_last(self):
         """The nodes that hold the shape of the last :meth:`earliest_one` at its answer."""

@@ -18,6 +18,10 @@ never).
   a node with spans counts only if ``raw <= first``, at ``push(raw)``; the answer is the
   lowest of these, and among the nodes that reach it the one with the lowest ``weight *
   mult + index`` (the core's choice where the score is the node weight alone).
+* A run of one-node jobs (``reserve_ones``): ``earliest_one`` for each in order, a span on
+  its node when the answer is after ``t`` and within the horizon, nothing (and the shape's
+  "hopeless" limit lowered) when there is none; the run stops before a job that could start
+  at ``t``.
 * Several nodes (``earliest_multi``): the first candidate time (a finite ``raw``, or a
   span's end after ``t``), up to the horizon, at which ``k`` nodes have ``raw <= when`` and
   no span overlapping ``[when, when + limit)``.
@@ -105,6 +109,35 @@ class NodeSpansReference:
             best = min((int(weight[i]) * mult + i, i) for i in range(self.n) if e[i] == when)[1]
         self._e, self._when = e, when
         return when, best, blocked_now and when == t
+
+    def reserve_ones(self, raws: npt.NDArray[np.float64], slot: npt.NDArray[np.int64],
+                     sid: npt.NDArray[np.int64], limit: npt.NDArray[np.float64],
+                     mult: npt.NDArray[np.int64], hopeless: npt.NDArray[np.float64],
+                     weight: npt.NDArray[np.int64], t: float, horizon: float,
+                     when_out: npt.NDArray[np.float64],
+                     node_out: npt.NDArray[np.int64]) -> int:
+        m = len(slot)
+        for name, a in (("sid", sid), ("limit", limit), ("mult", mult),
+                        ("when_out", when_out), ("node_out", node_out)):
+            if len(a) != m:
+                raise ValueError(f"NodeSpans.reserve_ones: {name} has {len(a)} entries, "
+                                 f"expected {m} (one per job)")
+        for j in range(m):
+            node_out[j] = -1
+            lim = float(limit[j])
+            if lim >= hopeless[sid[j]]:
+                when_out[j] = math.inf
+                continue
+            when, best, _ = self.earliest_one(raws[slot[j]], lim, t, weight, int(mult[j]))
+            if when > horizon or when == math.inf:
+                when_out[j] = math.inf
+                hopeless[sid[j]] = min(hopeless[sid[j]], lim)
+                continue
+            if when == t:
+                return j
+            when_out[j], node_out[j] = when, best
+            self.add([best], when, when + lim)
+        return m
 
     def feasible_last(self) -> npt.NDArray[np.bool_]:
         return np.array([self._when < math.inf and x == self._when for x in self._e],

@@ -127,7 +127,7 @@ class Easy:
                     alloc = r.running[pos].alloc
                     resv.mask(alloc.gpus, alloc.cores, r.lay)
                     resv.mem_free = np.minimum(now.mem_free, fut_mem)
-                    cores_resv.touched(alloc.nodes, None)
+                    cores_resv.touched(alloc.nodes, None, resv)
             else:
                 if resv is None:
                     future, reserved = resv_of.placement()
@@ -142,9 +142,9 @@ class Easy:
                     continue
                 resv.take(got)
                 fut_mem[got.nodes] -= got.mem
-                cores_now.touched(got.nodes, None)
-                cores_resv.touched(got.nodes, sh.part)
                 r.start(pos, got, t)
+                cores_now.touched(got.nodes, None, now)
+                cores_resv.touched(got.nodes, sh.part, resv)
             stats.backfilled += 1
             started.add(q)
 

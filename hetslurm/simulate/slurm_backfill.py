@@ -73,6 +73,39 @@ class _PassMemo:
     tested: list[_Tested] = field(default_factory=list)
 
 
+@dataclass
+class _ShapeIndex:
+    """One replay's shapes as numbers, for the compiled run of one-node jobs: per job
+    position its shape id and time limit; per shape id the shape, whether the weight alone
+    picks its one node from free counts (exact, one node, weight-only score: the run's
+    jobs) and its weight multiplier."""
+
+    replay: Replay
+    shapes: list[Shape]
+    sid: npt.NDArray[np.int64]
+    limit: npt.NDArray[np.float64]
+    fast: npt.NDArray[np.bool_]
+    mult: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, r: Replay) -> _ShapeIndex:
+        ids: dict[int, int] = {}
+        shapes: list[Shape] = []
+        sid = np.empty(len(r.shapes), dtype=np.int64)
+        for pos, sh in enumerate(r.shapes):
+            k = ids.get(id(sh))
+            if k is None:
+                k = ids[id(sh)] = len(shapes)
+                shapes.append(sh)
+            sid[pos] = k
+        n = r.model.n_nodes
+        return cls(r, shapes, sid,
+                   np.array([j.time_limit for j in r.jobs], dtype=np.float64),
+                   np.array([sh.exact and sh.k == 1 and sh.weight_only for sh in shapes],
+                            dtype=bool),
+                   np.array([sh.weight_term * (n + 1) for sh in shapes], dtype=np.int64))
+
+
 class SlurmRules:
     """Slurm 22.05's backfill: up to ``depth`` pending jobs (``bf_max_job_test``) in
     priority order, each started now if it fits on nodes free of every earlier reservation
@@ -84,9 +117,12 @@ class SlurmRules:
     def __init__(self, depth: int, window_s: float = math.inf) -> None:
         self.depth, self.window_s = depth, window_s
         self.memo = _PassMemo()
+        self.ix: _ShapeIndex | None = None
+        self.hopeless = np.zeros(0)
 
     def reset(self) -> None:
         self.memo = _PassMemo()
+        self.ix = None
 
     def run(self, t: float, r: Replay, pending: list[Pending], head: int,
             started: set[int]) -> None:
@@ -94,53 +130,110 @@ class SlurmRules:
         traces produce) the earliest start per node comes from :class:`_ReleaseView` and
         the whole-node reservations met so far; the core is asked only to place a job that
         starts now beside reservations, or a multi-node reservation. Other shapes probe the
-        core at every candidate time."""
+        core at every candidate time. Runs of one-node jobs whose node the weight alone
+        picks are answered in one compiled call (``NodeSpans.reserve_ones``), up to the
+        first that could start now."""
         if self.depth <= 0:
             return
+        if self.ix is None or self.ix.replay is not r:
+            self.ix = _ShapeIndex.of(r)
+            # Per shape id, the shortest limit that found no start within the window: a
+            # job of that shape with a limit no shorter finds none either (reservations
+            # only grow in a pass). Reset to inf for the shapes a pass met.
+            self.hopeless = np.full(len(self.ix.shapes), math.inf)
+        ix, hopeless = self.ix, self.hopeless
         model, now, stats = r.model, r.now, r.stats
         n = model.n_nodes
         horizon = t + self.window_s
         weight = model.weight
+        # The jobs this pass tests: the first ``depth`` not started by the main scheduler.
+        cands: list[tuple[int, int]] = []
+        for q, (_, _, pos) in enumerate(pending):
+            if q in started:
+                continue
+            cands.append((q, pos))
+            if len(cands) >= self.depth:
+                break
+        m = len(cands)
+        cpos = np.fromiter((p for _, p in cands), dtype=np.int64, count=m)
+        csid = ix.sid[cpos]
+        climit = ix.limit[cpos]
+        cmult = ix.mult[csid]
+        slow_at = [*np.flatnonzero(~ix.fast[csid]).tolist(), m]  # where a run must end
+        when_out = np.empty(m, dtype=np.float64)
+        node_out = np.empty(m, dtype=np.int64)
         resv = NodeSpans(n)
         view: _ReleaseView | None = None
-        raws: dict[int, npt.NDArray[np.float64]] = {}  # per shape, while the view holds
-        # Per shape, the shortest limit that found no start within the window: a job of
-        # that shape with a limit no shorter finds none either (reservations only grow in a
-        # pass).
-        hopeless: dict[int, float] = {}
+        # Per shape id, its row of earliest fits in ``raws`` while the view holds.
+        slots: dict[int, int] = {}
+        raws = np.empty((min(m, len(ix.shapes)), n), dtype=np.float64)
         memo = self.memo
         reuse = memo.tested if memo.at == r.version else []
         tested_now: list[_Tested] = []
-        done = set(started)
-        tested = 0
-        for q, (_, _, pos) in enumerate(pending):
-            if q in done:
-                continue
-            if tested >= self.depth:
-                break
-            sh = r.shapes[pos]
-            limit = r.jobs[pos].time_limit
-            if tested < len(reuse) and reuse[tested][0] == pos:
-                entry = reuse[tested]
+        start_count = len(started)
+
+        def raw_of(k: int) -> npt.NDArray[np.float64]:
+            nonlocal view
+            row = slots.get(k)
+            if row is None:
+                if view is None:
+                    view = _ReleaseView(now, r.table, t)
+                row = slots[k] = len(slots)
+                raws[row] = view.earliest(ix.shapes[k], now, t, n)
+            out: npt.NDArray[np.float64] = raws[row]
+            return out
+
+        i = 0
+        while i < m:
+            q, pos = cands[i]
+            k = int(csid[i])
+            sh = ix.shapes[k]
+            limit = float(climit[i])
+            if i < len(reuse) and reuse[i][0] == pos:
+                entry = reuse[i]
                 if entry[1] is not None and entry[2] is not None:
-                    tested += 1
                     resv.add(entry[2], entry[1], entry[1] + limit)
                     stats.reservations += 1
                     tested_now.append(entry)
+                    i += 1
                     continue
-            elif tested < len(reuse):
+            elif i < len(reuse):
                 reuse = []  # another job here: what follows was found with other reservations
-            tested += 1
-            if limit >= hopeless.get(id(sh), math.inf):
+            if (not reuse or i >= len(reuse)) and ix.fast[k]:
+                # A run of one-node weight-only jobs, answered in one call.
+                end = slow_at[bisect.bisect_left(slow_at, i)]
+                rows = np.fromiter((slots.get(int(x), -1) for x in csid[i:end]),
+                                   dtype=np.int64, count=end - i)
+                if (rows < 0).any():
+                    for x in np.unique(csid[i:end][rows < 0]).tolist():
+                        raw_of(x)
+                    rows = np.fromiter((slots[int(x)] for x in csid[i:end]), dtype=np.int64,
+                                       count=end - i)
+                stop = resv.reserve_ones(raws, rows, csid[i:end], climit[i:end],
+                                         cmult[i:end], hopeless, weight, t, horizon,
+                                         when_out[i:end], node_out[i:end])
+                for j, w, nd in zip(range(i, i + stop), when_out[i:i + stop].tolist(),
+                                    node_out[i:i + stop].tolist(), strict=True):
+                    if w == math.inf:
+                        tested_now.append((cands[j][1], None, None))
+                    else:
+                        tested_now.append((cands[j][1], w, [nd]))
+                        stats.reservations += 1
+                i += stop
+                if i == end:
+                    continue
+                # Job i could start now: decided one by one below.
+                q, pos = cands[i]
+                k = int(csid[i])
+                sh = ix.shapes[k]
+                limit = float(climit[i])
+            i += 1
+            if limit >= hopeless[k]:
                 found = None
             elif not sh.exact:
                 found = _probe_core(t, r, sh, resv, limit, horizon)
             else:
-                raw = raws.get(id(sh))
-                if raw is None:
-                    if view is None:
-                        view = _ReleaseView(now, r.table, t)
-                    raw = raws[id(sh)] = view.earliest(sh, now, t, n)
+                raw = raw_of(k)
                 try:
                     found = _earliest_exact(t, r, sh, raw, resv, limit, horizon, weight)
                     if found is not None and found[0] == t and found[2] is None:
@@ -152,34 +245,34 @@ class SlurmRules:
                         stats.backfilled += 1
                         started.add(q)
                         view = None
-                        raws.clear()
+                        slots.clear()
                         reuse = []
                         continue
                 except Disagreement as exc:
                     # The counts and the core disagree: the core decides, asked at every
                     # candidate time as for the shapes the counts do not decide.
                     stats.disagree(t, r.jobs[pos], exc.what, exc.nodes)
-                    raws.pop(id(sh), None)
                     found = _probe_core(t, r, sh, resv, limit, horizon)
             if found is None:
-                hopeless[id(sh)] = min(limit, hopeless.get(id(sh), math.inf))
+                hopeless[k] = min(limit, hopeless[k])
                 tested_now.append((pos, None, None))
                 continue
             reuse = []  # a job that found nothing last time found something: the rest differs
             when, nodes, alloc = found
             if when == t:
                 assert alloc is not None
-                r.cores_now.touched(alloc.nodes, None)
                 r.start(pos, alloc, t)
+                r.cores_now.touched(alloc.nodes, None, r.now)
                 stats.backfilled += 1
                 started.add(q)
                 view = None
-                raws.clear()
+                slots.clear()
             else:
                 resv.add(nodes, when, when + limit)
                 stats.reservations += 1
                 tested_now.append((pos, when, nodes))
-        memo.at = -1 if len(started) > len(done) else r.version
+        hopeless[csid] = math.inf
+        memo.at = -1 if len(started) > start_count else r.version
         memo.tested = tested_now
 
 

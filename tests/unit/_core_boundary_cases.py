@@ -19,7 +19,7 @@ import numpy as np
 Case = tuple[str, str, Callable[[], object]]
 
 KERNELS = ("choose_gpus", "choose_gpus_batch", "PlacementCore", "place", "place_batch",
-           "evaluate", "static_fit", "take", "NodeSpans")
+           "evaluate", "static_fit", "take", "refresh", "NodeSpans")
 
 
 def _i32(*v: int) -> Any:
@@ -421,6 +421,56 @@ def _take(core: Any, model: Any) -> list[Case]:
     ]
 
 
+def _refresh(core: Any, model: Any) -> list[Case]:
+    pc = model.new_core()
+    st = model.state
+    full = {"available": st.available, "gpu_free": st.gpu_free, "fpga_free": st.fpga_free,
+            "core_free": st.core_free, "mem_free": st.mem_free_mib}
+
+    def call(nodes: Any = None, **kw: Any) -> object:
+        a = {**full, **kw}
+        return pc.refresh(_i64(0) if nodes is None else nodes, a["available"], a["gpu_free"],
+                          a["fpga_free"], a["core_free"], a["mem_free"])
+
+    def blank() -> object:
+        raw = core.PlacementCore.__new__(core.PlacementCore)
+        return raw.refresh(_i64(), *full.values())
+
+    def valid() -> object:
+        g = st.gpu_free.copy()
+        g[:3] = 0
+        c = st.core_free.copy()
+        c[:2] = 0
+        m = st.mem_free_mib.copy()
+        m[0] = 1024
+        call(gpu_free=g, core_free=c, mem_free=m)
+        s = pc.state()
+        return (int(s["gpu_free"][:8].sum()), int(s["core_free"][:8].sum()),
+                int(s["mem_free"][0]))
+
+    return [
+        ("node past the last", "ValueError: PlacementCore.refresh: nodes[] is 3, must be in "
+         "[0, 2]", lambda: call(nodes=_i64(0, 3))),
+        ("negative node", "ValueError: PlacementCore.refresh: nodes[] is -1, must be in [0, 2]",
+         lambda: call(nodes=_i64(-1))),
+        ("short available", "ValueError: PlacementCore.refresh: available has 2 entries, "
+         "expected 3 (one per node)", lambda: call(available=np.ones(2, np.uint8))),
+        ("short gpu_free", "ValueError: PlacementCore.refresh: gpu_free has 7 entries, "
+         "expected 8 (one per GPU)", lambda: call(gpu_free=np.ones(7, np.uint8))),
+        ("long fpga_free", "ValueError: PlacementCore.refresh: fpga_free has 3 entries, "
+         "expected 2 (one per FPGA)", lambda: call(fpga_free=np.ones(3, np.uint8))),
+        ("short core_free", "ValueError: PlacementCore.refresh: core_free has 1 entries, "
+         "expected 16 (one per core)", lambda: call(core_free=np.ones(1, np.uint8))),
+        ("short mem_free", "ValueError: PlacementCore.refresh: mem_free has 0 entries, "
+         "expected 3 (one per node)", lambda: call(mem_free=_i64())),
+        ("core never built",
+         "ValueError: PlacementCore.refresh: the PlacementCore was never built (its "
+         "__init__ failed)", blank),
+        # The refusals changed nothing: node 0 now holds what the arrays say.
+        ("valid call after the refusals", "returned (5, 6, 1024)", valid),
+    ]
+
+
 def _node_spans(core: Any) -> list[Case]:
     inf = float("inf")
     ns = core.NodeSpans(3)
@@ -474,7 +524,8 @@ def cases(kernel: str) -> list[Case]:
         return _node_spans(core)
     model = _model()
     table = {"PlacementCore": _placement_core, "place": _place, "place_batch": _place_batch,
-             "evaluate": _evaluate, "static_fit": _static_fit, "take": _take}
+             "evaluate": _evaluate, "static_fit": _static_fit, "take": _take,
+             "refresh": _refresh}
     return table[kernel](core, model)
 
 

@@ -51,11 +51,12 @@ def test_every_python_entry_point_is_covered() -> None:
     methods = {n for n in vars(core.PlacementCore) if not n.startswith("_")}
     assert public == {"GpuChooser", "NodeSpans", "PlacementCore", "choose_gpus",
                       "choose_gpus_batch"}
-    assert {"place", "place_batch", "evaluate", "static_fit", "take"} <= methods
+    assert {"place", "place_batch", "evaluate", "static_fit", "take", "refresh"} <= methods
     # GpuChooser has no Python-level method; state()/index_buckets() only read the core's
     # own arrays (their "never built" refusal is a PlacementCore case).
     assert not {n for n in vars(core.GpuChooser) if not n.startswith("_")} - {"capacity"}
-    assert methods - {"place", "place_batch", "evaluate", "static_fit", "take"} <= {
+    assert methods - {"place", "place_batch", "evaluate", "static_fit", "take",
+                      "refresh"} <= {
         "state", "index_buckets", "fpga_index_buckets", "n_nodes", "n_gpu_models",
         "n_fpga_models", "n_switches", "max_gpus", "max_numa", "max_fpgas",
     }

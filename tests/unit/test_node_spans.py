@@ -56,3 +56,56 @@ def test_bad_input_is_a_value_error() -> None:
         s.add([3], 0.0, 1.0)
     with pytest.raises(ValueError, match="raw"):
         s.earliest_one(np.zeros(2), 1.0, 0.0, np.zeros(3, dtype=np.int64), 4)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_reserve_ones_same_as_the_reference(seed: int) -> None:
+    # A run of one-node jobs over a few shapes: the same stop, starts, nodes, hopeless
+    # limits and spans as the reference, which is earliest_one then add, job by job.
+    n = 1 + seed % 7
+    fast, ref, rng = _pair(1000 + seed, n)
+    t = float(rng.randrange(0, 100))
+    shapes = rng.randint(1, 3)
+    raws = np.array([[math.inf if rng.random() < 0.2 else t + rng.randrange(0, 4) * 10.0
+                      for _ in range(n)] for _ in range(shapes)])
+    if seed % 2:
+        raws[raws == t] += 5.0  # nothing fits now: the run goes to its end
+    m = rng.randint(1, 12)
+    slot = np.array([rng.randrange(shapes) for _ in range(m)], dtype=np.int64)
+    sid = slot + 1
+    limit = np.array([float(rng.randrange(1, 60)) for _ in range(m)])
+    mult = np.array([(n + 1) * rng.randint(1, 2) for _ in range(m)], dtype=np.int64)
+    weight = np.array([rng.randrange(1, 4) for _ in range(n)], dtype=np.int64)
+    horizon = t + rng.choice([30.0, 150.0, math.inf])
+    outs = []
+    for spans in (fast, ref):
+        hopeless = np.full(shapes + 1, math.inf)
+        when, node = np.zeros(m), np.zeros(m, dtype=np.int64)
+        stop = spans.reserve_ones(raws, slot, sid, limit, mult, hopeless, weight, t, horizon,
+                                  when, node)
+        outs.append((stop, when[:stop].tolist(), node[:stop].tolist(), hopeless.tolist(),
+                     [spans.spans(i) for i in range(n)]))
+    assert outs[0] == outs[1]
+    if seed % 2:
+        assert outs[0][0] == m
+
+
+def test_reserve_ones_refuses_mismatched_arrays() -> None:
+    s = NodeSpans(3)
+    one = np.zeros(1, dtype=np.int64)
+    args = (np.zeros((2, 3)), one, one, np.ones(1), one, np.full(1, math.inf),
+            np.zeros(3, dtype=np.int64), 0.0, 10.0, np.zeros(1), np.zeros(1, dtype=np.int64))
+    assert s.reserve_ones(*args) == 0  # raw 0 == t: the job could start now
+    bad = list(args)
+    bad[1] = np.array([2], dtype=np.int64)
+    with pytest.raises(ValueError, match="slot"):
+        s.reserve_ones(*bad)
+    bad = list(args)
+    bad[3] = np.ones(2)
+    with pytest.raises(ValueError, match="limit has 2 entries"):
+        s.reserve_ones(*bad)
+    bad = list(args)
+    bad[0] = np.zeros((2, 4))
+    with pytest.raises(ValueError, match="raws"):
+        s.reserve_ones(*bad)
+    assert s.count == 0
