@@ -2144,3 +2144,201 @@ cdef class NodeSpans:
         finally:
             free(c)
         return answer
+
+
+cdef class Releases:
+    """What the running jobs hold per node, each node's entries in the order of their
+    planned ends: the earliest time one share of a shape fits on each node once the jobs
+    ending by then have ended (the ``slurm`` backfill model's earliest fits, reservations
+    aside). Kept in step with the running set (:meth:`add` on a start, :meth:`remove` on an
+    end) instead of sorted again for every backfill pass.
+
+    The rule (its numpy twin: ``hetslurm.simulate.slurm_backfill.ReleaseViewReference``):
+    on node ``i``, free counts now plus the holdings of its entries in end order; the first
+    entry after which the shape fits gives ``max(end, t)``; fitting now gives ``t``; never
+    fitting gives ``inf``. An entry whose planned end is not after ``t`` (a zero time limit)
+    releases at the earliest planned end after ``t`` of any entry, never at ``t``.
+    """
+
+    cdef readonly Py_ssize_t n
+    cdef readonly Py_ssize_t count
+    cdef double **end
+    cdef int64_t **pos
+    cdef int64_t **g
+    cdef int64_t **c
+    cdef int64_t **m
+    cdef Py_ssize_t *cnt
+    cdef Py_ssize_t *cap
+
+    def __cinit__(self, Py_ssize_t n):
+        if n < 0:
+            raise ValueError(f"Releases: n is {n}, must be >= 0")
+        self.n = n
+        self.count = 0
+        cdef Py_ssize_t k = n if n > 0 else 1
+        self.end = <double **>calloc(k, sizeof(double *))
+        self.pos = <int64_t **>calloc(k, sizeof(int64_t *))
+        self.g = <int64_t **>calloc(k, sizeof(int64_t *))
+        self.c = <int64_t **>calloc(k, sizeof(int64_t *))
+        self.m = <int64_t **>calloc(k, sizeof(int64_t *))
+        self.cnt = <Py_ssize_t *>calloc(k, sizeof(Py_ssize_t))
+        self.cap = <Py_ssize_t *>calloc(k, sizeof(Py_ssize_t))
+        if not (self.end and self.pos and self.g and self.c and self.m and self.cnt
+                and self.cap):
+            raise MemoryError()
+
+    def __dealloc__(self):
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            if self.end != NULL:
+                free(self.end[i])
+            if self.pos != NULL:
+                free(self.pos[i])
+            if self.g != NULL:
+                free(self.g[i])
+            if self.c != NULL:
+                free(self.c[i])
+            if self.m != NULL:
+                free(self.m[i])
+        free(self.end)
+        free(self.pos)
+        free(self.g)
+        free(self.c)
+        free(self.m)
+        free(self.cnt)
+        free(self.cap)
+
+    cdef int _grow(self, Py_ssize_t i) except -1:
+        cdef Py_ssize_t k = 8 if self.cap[i] == 0 else 2 * self.cap[i]
+        cdef void *p
+        p = realloc(self.end[i], k * sizeof(double))
+        if p == NULL:
+            raise MemoryError()
+        self.end[i] = <double *>p
+        p = realloc(self.pos[i], k * sizeof(int64_t))
+        if p == NULL:
+            raise MemoryError()
+        self.pos[i] = <int64_t *>p
+        p = realloc(self.g[i], k * sizeof(int64_t))
+        if p == NULL:
+            raise MemoryError()
+        self.g[i] = <int64_t *>p
+        p = realloc(self.c[i], k * sizeof(int64_t))
+        if p == NULL:
+            raise MemoryError()
+        self.c[i] = <int64_t *>p
+        p = realloc(self.m[i], k * sizeof(int64_t))
+        if p == NULL:
+            raise MemoryError()
+        self.m[i] = <int64_t *>p
+        self.cap[i] = k
+        return 0
+
+    def add(self, int64_t job, const int64_t[::1] nodes, int64_t gpus, int64_t cores,
+            int64_t mem, double end):
+        """Job ``job`` holds ``gpus`` GPUs, ``cores`` cores and ``mem`` MiB on each of
+        ``nodes`` until ``end`` (its planned end)."""
+        cdef str fn = "Releases.add"
+        cdef Py_ssize_t t, i, at
+        for t in range(nodes.shape[0]):
+            _in_range(fn, "nodes[]", nodes[t], 0, self.n - 1)
+        for t in range(nodes.shape[0]):
+            i = nodes[t]
+            if self.cnt[i] == self.cap[i]:
+                self._grow(i)
+            at = self.cnt[i]  # after every entry ending at or before `end`
+            while at > 0 and self.end[i][at - 1] > end:
+                self.end[i][at] = self.end[i][at - 1]
+                self.pos[i][at] = self.pos[i][at - 1]
+                self.g[i][at] = self.g[i][at - 1]
+                self.c[i][at] = self.c[i][at - 1]
+                self.m[i][at] = self.m[i][at - 1]
+                at -= 1
+            self.end[i][at] = end
+            self.pos[i][at] = job
+            self.g[i][at] = gpus
+            self.c[i][at] = cores
+            self.m[i][at] = mem
+            self.cnt[i] += 1
+            self.count += 1
+
+    def remove(self, int64_t job, const int64_t[::1] nodes):
+        """Job ``job`` ended: its entries on ``nodes`` go.
+
+        Raises:
+            ValueError: a node outside the index, or one without an entry of ``job``
+                (nothing is removed from it).
+        """
+        cdef str fn = "Releases.remove"
+        cdef Py_ssize_t t, i, j, k
+        for t in range(nodes.shape[0]):
+            _in_range(fn, "nodes[]", nodes[t], 0, self.n - 1)
+        for t in range(nodes.shape[0]):
+            i = nodes[t]
+            for j in range(self.cnt[i]):
+                if self.pos[i][j] == job:
+                    break
+            else:
+                raise ValueError(f"{fn}: job {job} holds nothing on node {i}")
+            for k in range(j, self.cnt[i] - 1):
+                self.end[i][k] = self.end[i][k + 1]
+                self.pos[i][k] = self.pos[i][k + 1]
+                self.g[i][k] = self.g[i][k + 1]
+                self.c[i][k] = self.c[i][k + 1]
+                self.m[i][k] = self.m[i][k + 1]
+            self.cnt[i] -= 1
+            self.count -= 1
+
+    cdef double _next_end(self, double t) noexcept nogil:
+        """The earliest planned end after ``t`` of any entry (``inf`` if none)."""
+        cdef Py_ssize_t i, j
+        cdef double best = INFINITY
+        for i in range(self.n):
+            for j in range(self.cnt[i]):
+                if self.end[i][j] > t:
+                    if self.end[i][j] < best:
+                        best = self.end[i][j]
+                    break  # sorted: the rest of the node ends later
+        return best
+
+    def earliest(self, const int64_t[::1] idx, int64_t gpus, int64_t cores, int64_t mem,
+                 const int64_t[::1] gpu_cnt, const int64_t[::1] core_cnt,
+                 const int64_t[::1] mem_free, double t, double[::1] out):
+        """Per node, into ``out``: the earliest time one share (``gpus`` GPUs, ``cores``
+        cores, ``mem`` MiB on one node; 0 GPUs or memory <= 0: not asked) fits there, given
+        the free counts now; ``inf`` outside ``idx`` (the nodes that can ever hold it).
+
+        Raises:
+            ValueError: arrays of the wrong length or a node of ``idx`` outside the index.
+        """
+        cdef str fn = "Releases.earliest"
+        _exact(fn, "gpu_cnt", gpu_cnt.shape[0], self.n, "one per node")
+        _exact(fn, "core_cnt", core_cnt.shape[0], self.n, "one per node")
+        _exact(fn, "mem_free", mem_free.shape[0], self.n, "one per node")
+        _exact(fn, "out", out.shape[0], self.n, "one per node")
+        cdef Py_ssize_t t_, i, j
+        for t_ in range(idx.shape[0]):
+            _in_range(fn, "idx[]", idx[t_], 0, self.n - 1)
+        cdef int64_t fg, fc, fm
+        cdef double nxt = -1.0, e
+        with nogil:
+            for i in range(self.n):
+                out[i] = INFINITY
+            for t_ in range(idx.shape[0]):
+                i = idx[t_]
+                fg, fc, fm = gpu_cnt[i], core_cnt[i], mem_free[i]
+                if fc >= cores and (gpus == 0 or fg >= gpus) and (mem <= 0 or fm >= mem):
+                    out[i] = t
+                    continue
+                for j in range(self.cnt[i]):
+                    fg += self.g[i][j]
+                    fc += self.c[i][j]
+                    fm += self.m[i][j]
+                    if fc >= cores and (gpus == 0 or fg >= gpus) and (mem <= 0 or fm >= mem):
+                        e = self.end[i][j]
+                        if e <= t:
+                            if nxt < 0:
+                                nxt = self._next_end(t)
+                            e = nxt
+                        out[i] = e
+                        break

@@ -36,9 +36,9 @@ from collections.abc import Iterable
 import numpy as np
 import numpy.typing as npt
 
-from hetslurm._core import NodeSpans
+from hetslurm._core import NodeSpans, Releases
 
-__all__ = ["NodeSpans", "NodeSpansReference"]
+__all__ = ["NodeSpans", "NodeSpansReference", "Releases"]
 
 
 class NodeSpansReference:

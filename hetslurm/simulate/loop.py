@@ -59,6 +59,7 @@ from hetslurm.placement.model import (
     StateArrays,
 )
 from hetslurm.placement.place import static_fit
+from hetslurm.placement.spans import Releases
 
 if TYPE_CHECKING:
     from hetslurm._core import PlacementCore
@@ -481,6 +482,9 @@ class Replay:
         self.cores_now = Cores(model, self.masks, self.node_sets, self.stats)
         self.placer = Placer(model, self.stats)
         self.table = RunTable()
+        #: The running jobs' holdings per node in planned-end order (the slurm model's
+        #: earliest fits).
+        self.releases = Releases(model.n_nodes)
         self.running: dict[int, JobRecord] = {}
         self.planned_end: dict[int, float] = {}
         self.version = 0
@@ -517,6 +521,10 @@ class Replay:
         self.running[pos] = rec
         self.planned_end[pos] = t + job.time_limit
         self.table.add(pos, alloc, t + job.time_limit)
+        k = len(alloc.nodes)
+        self.releases.add(pos, np.ascontiguousarray(alloc.nodes, dtype=np.int64),
+                          len(alloc.gpus) // k, len(alloc.cores) // k, alloc.mem,
+                          t + job.time_limit)
         heapq.heappush(self.events, (rec.end, 0, pos))
 
     def end(self, pos: int) -> JobRecord:
@@ -525,6 +533,7 @@ class Replay:
         rec = self.running.pop(pos)
         self.planned_end.pop(pos)
         self.table.remove(pos)
+        self.releases.remove(pos, np.ascontiguousarray(rec.alloc.nodes, dtype=np.int64))
         self.now.give(rec.alloc)
         self.cores_now.touched(rec.alloc.nodes, None, self.now)
         return rec

@@ -127,8 +127,8 @@ class SlurmRules:
     def run(self, t: float, r: Replay, pending: list[Pending], head: int,
             started: set[int]) -> None:
         """Each job is answered from free counts: for exact shapes (every request the
-        traces produce) the earliest start per node comes from :class:`_ReleaseView` and
-        the whole-node reservations met so far; the core is asked only to place a job that
+        traces produce) the earliest start per node comes from ``Replay.releases`` and the
+        whole-node reservations met so far; the core is asked only to place a job that
         starts now beside reservations, or a multi-node reservation. Other shapes probe the
         core at every candidate time. Runs of one-node jobs whose node the weight alone
         picks are answered in one compiled call (``NodeSpans.reserve_ones``), up to the
@@ -142,7 +142,7 @@ class SlurmRules:
             # only grow in a pass). Reset to inf for the shapes a pass met.
             self.hopeless = np.full(len(self.ix.shapes), math.inf)
         ix, hopeless = self.ix, self.hopeless
-        model, now, stats = r.model, r.now, r.stats
+        model, stats = r.model, r.stats
         n = model.n_nodes
         horizon = t + self.window_s
         weight = model.weight
@@ -163,8 +163,7 @@ class SlurmRules:
         when_out = np.empty(m, dtype=np.float64)
         node_out = np.empty(m, dtype=np.int64)
         resv = NodeSpans(n)
-        view: _ReleaseView | None = None
-        # Per shape id, its row of earliest fits in ``raws`` while the view holds.
+        # Per shape id, its row of earliest fits in ``raws`` until something starts.
         slots: dict[int, int] = {}
         raws = np.empty((min(m, len(ix.shapes)), n), dtype=np.float64)
         memo = self.memo
@@ -173,13 +172,10 @@ class SlurmRules:
         start_count = len(started)
 
         def raw_of(k: int) -> npt.NDArray[np.float64]:
-            nonlocal view
             row = slots.get(k)
             if row is None:
-                if view is None:
-                    view = _ReleaseView(now, r.table, t)
                 row = slots[k] = len(slots)
-                raws[row] = view.earliest(ix.shapes[k], now, t, n)
+                _earliest_fits(r, ix.shapes[k], t, raws[row])
             out: npt.NDArray[np.float64] = raws[row]
             return out
 
@@ -244,7 +240,6 @@ class SlurmRules:
                         found = None
                         stats.backfilled += 1
                         started.add(q)
-                        view = None
                         slots.clear()
                         reuse = []
                         continue
@@ -265,7 +260,6 @@ class SlurmRules:
                 r.cores_now.touched(alloc.nodes, None, r.now)
                 stats.backfilled += 1
                 started.add(q)
-                view = None
                 slots.clear()
             else:
                 resv.add(nodes, when, when + limit)
@@ -276,10 +270,20 @@ class SlurmRules:
         memo.tested = tested_now
 
 
-class _ReleaseView:
-    """The running jobs' holdings per node in the order of their planned ends: what each
-    node has free once the jobs ending by a time have ended, for every such time at once
-    (cumulative sums within each node's entries).
+def _earliest_fits(r: Replay, sh: Shape, t: float, out: npt.NDArray[np.float64]) -> None:
+    """Per node, into ``out``: the earliest time one share of ``sh`` fits there (``t`` if
+    now, ``inf`` if never or outside the shape's nodes), reservations aside."""
+    now = r.now
+    r.releases.earliest(sh.idx, sh.ng, sh.nc, sh.mem, now.gpu_cnt, now.core_cnt,
+                        now.mem_free, t, out)
+
+
+class ReleaseViewReference:
+    """The numpy twin of ``Releases.earliest`` (``hetslurm._core``), the executable
+    definition it is tested against (tests/unit/test_node_spans.py): the running jobs'
+    holdings per node in the order of their planned ends: what each node has free once the
+    jobs ending by a time have ended, for every such time at once (cumulative sums within
+    each node's entries).
 
     A job still running at ``t`` whose planned end is not after ``t`` (a zero time limit:
     SWF logs hold jobs that ran 0 s) holds its resources for the whole pass at ``t`` (its

@@ -109,3 +109,66 @@ def test_reserve_ones_refuses_mismatched_arrays() -> None:
     with pytest.raises(ValueError, match="raws"):
         s.reserve_ones(*bad)
     assert s.count == 0
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_releases_same_as_the_numpy_reference(seed: int) -> None:
+    # Random running sets built by starts and ends (zero limits included: entries whose
+    # planned end is not after t), asked for random shapes: the compiled index gives the
+    # numpy view's earliest fits node by node.
+    from hetslurm.placement.spans import Releases
+    from hetslurm.simulate.loop import Alloc, RunTable, State
+    from hetslurm.simulate.slurm_backfill import ReleaseViewReference
+
+    rng = random.Random(seed)
+    n = 1 + seed % 6
+    rel, table = Releases(n), RunTable()
+    held: dict[int, tuple[list[int], int, int, int]] = {}
+    t = float(rng.randrange(10, 50))
+    for job in range(rng.randrange(0, 25)):
+        nodes = sorted(rng.sample(range(n), rng.randint(1, n)))
+        g, c, m = rng.randrange(0, 3), rng.randrange(1, 4), rng.randrange(0, 3) * 1000
+        end = rng.choice([t, t - 5.0, t + rng.randrange(1, 40) * 5.0])
+        nd = np.array(nodes, dtype=np.int64)
+        rel.add(job, nd, g, c, m, end)
+        table.add(job, Alloc(nd, np.zeros(g * len(nodes), np.int64),
+                             np.zeros(c * len(nodes), np.int64), m), end)
+        held[job] = (nodes, g, c, m)
+        if rng.random() < 0.3:
+            gone = rng.choice(sorted(held))
+            rel.remove(gone, np.array(held.pop(gone)[0], dtype=np.int64))
+            table.remove(gone)
+    assert rel.count == sum(len(v[0]) for v in held.values())
+    cnt = lambda hi: np.array([rng.randrange(0, hi) for _ in range(n)], dtype=np.int64)  # noqa: E731
+    now = State(np.ones(n, np.uint8), np.zeros(1, np.uint8), np.zeros(0, np.uint8),
+                np.zeros(1, np.uint8), cnt(4000), cnt(3), cnt(5))
+    view = ReleaseViewReference(now, table, t)
+
+    class Sh:
+        pass
+
+    for _ in range(10):
+        sh = Sh()
+        sh.ng, sh.nc = rng.randrange(0, 5), rng.randrange(0, 9)  # type: ignore[attr-defined]
+        sh.mem = rng.choice([0, 1500, 5000])  # type: ignore[attr-defined]
+        sh.idx = np.array(sorted(rng.sample(range(n), rng.randint(0, n))), dtype=np.int64)  # type: ignore[attr-defined]
+        out = np.zeros(n)
+        rel.earliest(sh.idx, sh.ng, sh.nc, sh.mem, now.gpu_cnt, now.core_cnt,  # type: ignore[attr-defined]
+                     now.mem_free, t, out)
+        want = view.earliest(sh, now, t, n)  # type: ignore[arg-type]
+        assert out.tolist() == want.tolist()
+
+
+def test_releases_refuse_bad_input() -> None:
+    from hetslurm.placement.spans import Releases
+
+    rel = Releases(2)
+    with pytest.raises(ValueError, match="nodes"):
+        rel.add(0, np.array([2], dtype=np.int64), 1, 1, 0, 5.0)
+    rel.add(0, np.array([0], dtype=np.int64), 1, 1, 0, 5.0)
+    with pytest.raises(ValueError, match="job 1 holds nothing on node 0"):
+        rel.remove(1, np.array([0], dtype=np.int64))
+    with pytest.raises(ValueError, match="out has 1 entries"):
+        rel.earliest(np.array([0], dtype=np.int64), 0, 1, 0, np.zeros(2, np.int64),
+                     np.zeros(2, np.int64), np.zeros(2, np.int64), 0.0, np.zeros(1))
+    assert rel.count == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 from replay_cases import outcome, synthetic, trace_jobs
@@ -176,12 +177,10 @@ def test_a_disagreement_is_reported_and_the_core_decides(
     honest = replay_slurm(model, jobs, parts, backfill_depth=50, load=8.0)
     assert honest.stats.disagreements == 0
 
-    def lying(self: object, sh: object, now: object, t: float, n: int) -> object:
-        import numpy as np
+    def lying(r: object, sh: object, t: float, out: Any) -> None:
+        out[:] = t
 
-        return np.full(n, t)
-
-    monkeypatch.setattr(slurm_backfill._ReleaseView, "earliest", lying)
+    monkeypatch.setattr(slurm_backfill, "_earliest_fits", lying)
     res = replay_slurm(model, jobs, parts, backfill_depth=50, load=8.0)
     assert res.stats.disagreements > 0
     ex = res.stats.disagreement_examples[0]
