@@ -485,6 +485,9 @@ class Replay:
         #: The running jobs' holdings per node in planned-end order (the slurm model's
         #: earliest fits).
         self.releases = Releases(model.n_nodes)
+        #: Per partition, a core of the empty cluster and its availability (backfill
+        #: plug-ins place weight-only shapes on it: ``slurm_backfill._place_on_empty``).
+        self.empty_cores: dict[str, tuple[PlacementCore, npt.NDArray[np.uint8]]] = {}
         self.running: dict[int, JobRecord] = {}
         self.planned_end: dict[int, float] = {}
         self.version = 0

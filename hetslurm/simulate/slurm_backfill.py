@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
+from hetslurm.placement.model import StateArrays
 from hetslurm.placement.spans import NodeSpans
 from hetslurm.simulate.loop import (
     Alloc,
@@ -119,6 +120,7 @@ class SlurmRules:
         self.memo = _PassMemo()
         self.ix: _ShapeIndex | None = None
         self.hopeless = np.zeros(0)
+        self.slot_of = np.zeros(0, dtype=np.int64)
 
     def reset(self) -> None:
         self.memo = _PassMemo()
@@ -141,7 +143,10 @@ class SlurmRules:
             # job of that shape with a limit no shorter finds none either (reservations
             # only grow in a pass). Reset to inf for the shapes a pass met.
             self.hopeless = np.full(len(self.ix.shapes), math.inf)
-        ix, hopeless = self.ix, self.hopeless
+            # Per shape id, its row of earliest fits in ``raws`` (-1: none yet) until
+            # something starts.
+            self.slot_of = np.full(len(self.ix.shapes), -1, dtype=np.int64)
+        ix, hopeless, slot_of = self.ix, self.hopeless, self.slot_of
         model, stats = r.model, r.stats
         n = model.n_nodes
         horizon = t + self.window_s
@@ -163,8 +168,7 @@ class SlurmRules:
         when_out = np.empty(m, dtype=np.float64)
         node_out = np.empty(m, dtype=np.int64)
         resv = NodeSpans(n)
-        # Per shape id, its row of earliest fits in ``raws`` until something starts.
-        slots: dict[int, int] = {}
+        assigned: list[int] = []  # the shape ids with a row, in row order
         raws = np.empty((min(m, len(ix.shapes)), n), dtype=np.float64)
         memo = self.memo
         reuse = memo.tested if memo.at == r.version else []
@@ -172,100 +176,108 @@ class SlurmRules:
         start_count = len(started)
 
         def raw_of(k: int) -> npt.NDArray[np.float64]:
-            row = slots.get(k)
-            if row is None:
-                row = slots[k] = len(slots)
+            row = int(slot_of[k])
+            if row < 0:
+                row = len(assigned)
+                slot_of[k] = row
+                assigned.append(k)
                 _earliest_fits(r, ix.shapes[k], t, raws[row])
             out: npt.NDArray[np.float64] = raws[row]
             return out
 
-        i = 0
-        while i < m:
-            q, pos = cands[i]
-            k = int(csid[i])
-            sh = ix.shapes[k]
-            limit = float(climit[i])
-            if i < len(reuse) and reuse[i][0] == pos:
-                entry = reuse[i]
-                if entry[1] is not None and entry[2] is not None:
-                    resv.add(entry[2], entry[1], entry[1] + limit)
-                    stats.reservations += 1
-                    tested_now.append(entry)
-                    i += 1
-                    continue
-            elif i < len(reuse):
-                reuse = []  # another job here: what follows was found with other reservations
-            if (not reuse or i >= len(reuse)) and ix.fast[k]:
-                # A run of one-node weight-only jobs, answered in one call.
-                end = slow_at[bisect.bisect_left(slow_at, i)]
-                rows = np.fromiter((slots.get(int(x), -1) for x in csid[i:end]),
-                                   dtype=np.int64, count=end - i)
-                if (rows < 0).any():
-                    for x in np.unique(csid[i:end][rows < 0]).tolist():
-                        raw_of(x)
-                    rows = np.fromiter((slots[int(x)] for x in csid[i:end]), dtype=np.int64,
-                                       count=end - i)
-                stop = resv.reserve_ones(raws, rows, csid[i:end], climit[i:end],
-                                         cmult[i:end], hopeless, weight, t, horizon,
-                                         when_out[i:end], node_out[i:end])
-                for j, w, nd in zip(range(i, i + stop), when_out[i:i + stop].tolist(),
-                                    node_out[i:i + stop].tolist(), strict=True):
-                    if w == math.inf:
-                        tested_now.append((cands[j][1], None, None))
-                    else:
-                        tested_now.append((cands[j][1], w, [nd]))
-                        stats.reservations += 1
-                i += stop
-                if i == end:
-                    continue
-                # Job i could start now: decided one by one below.
+        def forget_raws() -> None:
+            slot_of[assigned] = -1
+            assigned.clear()
+
+        try:
+            i = 0
+            while i < m:
                 q, pos = cands[i]
                 k = int(csid[i])
                 sh = ix.shapes[k]
                 limit = float(climit[i])
-            i += 1
-            if limit >= hopeless[k]:
-                found = None
-            elif not sh.exact:
-                found = _probe_core(t, r, sh, resv, limit, horizon)
-            else:
-                raw = raw_of(k)
-                try:
-                    found = _earliest_exact(t, r, sh, raw, resv, limit, horizon, weight)
-                    if found is not None and found[0] == t and found[2] is None:
-                        # Nothing blocks it now: the partition's core commits it.
-                        if not r.start_now(pos, t, ranked=False):
-                            raise Disagreement("a backfill start", sh,
-                                               np.flatnonzero(raw == t).tolist())
-                        found = None
-                        stats.backfilled += 1
-                        started.add(q)
-                        slots.clear()
-                        reuse = []
+                if i < len(reuse) and reuse[i][0] == pos:
+                    entry = reuse[i]
+                    if entry[1] is not None and entry[2] is not None:
+                        resv.add(entry[2], entry[1], entry[1] + limit)
+                        stats.reservations += 1
+                        tested_now.append(entry)
+                        i += 1
                         continue
-                except Disagreement as exc:
-                    # The counts and the core disagree: the core decides, asked at every
-                    # candidate time as for the shapes the counts do not decide.
-                    stats.disagree(t, r.jobs[pos], exc.what, exc.nodes)
+                elif i < len(reuse):
+                    reuse = []  # another job here: what follows was found with other reservations
+                if (not reuse or i >= len(reuse)) and ix.fast[k]:
+                    # A run of one-node weight-only jobs, answered in one call.
+                    end = slow_at[bisect.bisect_left(slow_at, i)]
+                    rows = slot_of[csid[i:end]]
+                    if (rows < 0).any():
+                        for x in np.unique(csid[i:end][rows < 0]).tolist():
+                            raw_of(x)
+                        rows = slot_of[csid[i:end]]
+                    stop = resv.reserve_ones(raws, rows, csid[i:end], climit[i:end],
+                                             cmult[i:end], hopeless, weight, t, horizon,
+                                             when_out[i:end], node_out[i:end])
+                    for j, w, nd in zip(range(i, i + stop), when_out[i:i + stop].tolist(),
+                                        node_out[i:i + stop].tolist(), strict=True):
+                        if w == math.inf:
+                            tested_now.append((cands[j][1], None, None))
+                        else:
+                            tested_now.append((cands[j][1], w, [nd]))
+                            stats.reservations += 1
+                    i += stop
+                    if i == end:
+                        continue
+                    # Job i could start now: decided one by one below.
+                    q, pos = cands[i]
+                    k = int(csid[i])
+                    sh = ix.shapes[k]
+                    limit = float(climit[i])
+                i += 1
+                if limit >= hopeless[k]:
+                    found = None
+                elif not sh.exact:
                     found = _probe_core(t, r, sh, resv, limit, horizon)
-            if found is None:
-                hopeless[k] = min(limit, hopeless[k])
-                tested_now.append((pos, None, None))
-                continue
-            reuse = []  # a job that found nothing last time found something: the rest differs
-            when, nodes, alloc = found
-            if when == t:
-                assert alloc is not None
-                r.start(pos, alloc, t)
-                r.cores_now.touched(alloc.nodes, None, r.now)
-                stats.backfilled += 1
-                started.add(q)
-                slots.clear()
-            else:
-                resv.add(nodes, when, when + limit)
-                stats.reservations += 1
-                tested_now.append((pos, when, nodes))
-        hopeless[csid] = math.inf
+                else:
+                    raw = raw_of(k)
+                    try:
+                        found = _earliest_exact(t, r, sh, raw, resv, limit, horizon, weight)
+                        if found is not None and found[0] == t and found[2] is None:
+                            # Nothing blocks it now: the partition's core commits it.
+                            if not r.start_now(pos, t, ranked=False):
+                                raise Disagreement("a backfill start", sh,
+                                                   np.flatnonzero(raw == t).tolist())
+                            found = None
+                            stats.backfilled += 1
+                            started.add(q)
+                            forget_raws()
+                            reuse = []
+                            continue
+                    except Disagreement as exc:
+                        # The counts and the core disagree: the core decides, asked at every
+                        # candidate time as for the shapes the counts do not decide.
+                        stats.disagree(t, r.jobs[pos], exc.what, exc.nodes)
+                        found = _probe_core(t, r, sh, resv, limit, horizon)
+                if found is None:
+                    hopeless[k] = min(limit, hopeless[k])
+                    tested_now.append((pos, None, None))
+                    continue
+                reuse = []  # a job that found nothing last time found something: the rest differs
+                when, nodes, alloc = found
+                if when == t:
+                    assert alloc is not None
+                    r.start(pos, alloc, t)
+                    r.cores_now.touched(alloc.nodes, None, r.now)
+                    stats.backfilled += 1
+                    started.add(q)
+                    forget_raws()
+                else:
+                    resv.add(nodes, when, when + limit)
+                    stats.reservations += 1
+                    tested_now.append((pos, when, nodes))
+        finally:
+            # What this pass found per shape is not the next pass's.
+            hopeless[csid] = math.inf
+            forget_raws()
         memo.at = -1 if len(started) > start_count else r.version
         memo.tested = tested_now
 
@@ -376,9 +388,42 @@ def _earliest_exact(t: float, cx: Replay, sh: Shape, raw: npt.NDArray[np.float64
         key = weight[cand] * (sh.weight_term * (n + 1)) + cand
         lowest = cand[np.argsort(key, kind="stable")[: sh.k]]
         return when, sorted(lowest.tolist()), None
-    state = _state_at(cx, when)
-    alloc = _core_place(cx, sh, state, feasible)
+    if sh.weight_only:
+        # Where the score is the node weight (and the switch tree) alone, the core's choice
+        # depends on the state only through which nodes hold the shape: the feasible ones
+        # (each holds one share at ``when``, counts exact). The partition's empty-cluster
+        # core with only those available chooses the same nodes.
+        alloc = _place_on_empty(cx, sh, feasible)
+    else:
+        alloc = _core_place(cx, sh, _state_at(cx, when), feasible)
     return when, alloc.nodes.tolist(), None
+
+
+def _place_on_empty(cx: Replay, sh: Shape, usable: npt.NDArray[np.bool_]) -> Alloc:
+    """The core's placement of ``sh`` on the empty cluster where only ``usable`` nodes of
+    its partition are available: one core per partition per replay, its availability
+    changed node by node (``PlacementCore.refresh``)."""
+    empty = cx.model.state
+    avail = empty.available & cx.masks[sh.part] & usable.astype(np.uint8)
+    kept = cx.empty_cores.get(sh.part)
+    if kept is None:
+        core = cx.model.new_core(StateArrays(
+            available=avail, gpu_free=empty.gpu_free, fpga_free=empty.fpga_free,
+            core_free=empty.core_free, mem_free_mib=empty.mem_free_mib,
+            free_at=empty.free_at))
+        cx.stats.core_builds += 1
+    else:
+        core, last = kept
+        changed = np.flatnonzero(avail != last)
+        if len(changed):
+            core.refresh(changed, avail, empty.gpu_free, empty.fpga_free, empty.core_free,
+                         empty.mem_free_mib)
+            cx.stats.core_refreshes += 1
+    cx.empty_cores[sh.part] = (core, avail)
+    alloc = try_place(core, sh, cx.model, False, cx.stats)
+    if alloc is None:
+        raise Disagreement("a placement", sh, np.flatnonzero(usable).tolist())
+    return alloc
 
 
 def _state_at(cx: Replay, when: float) -> State:

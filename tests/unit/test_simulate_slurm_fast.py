@@ -188,3 +188,58 @@ def test_a_disagreement_is_reported_and_the_core_decides(
     assert ex["nodes_counted_free"]
     assert outcome(res) == outcome(honest)
     assert res.unfinished == 0
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_weight_only_reservation_nodes_do_not_depend_on_the_state(
+        case_study: tuple[ClusterModel, dict[str, tuple[int, ...]]], seed: int) -> None:
+    # A multi-node reservation of a weight-only shape is placed on the partition's
+    # empty-cluster core with only the feasible nodes available (_place_on_empty): the
+    # same nodes as the core of the state at the reservation's start, whatever that state
+    # holds, with the default switch weight and a small one, on the case study's tree.
+    import random
+
+    import numpy as np
+    from replay_cases import SLURM
+
+    from hetslurm.placement.place import ScoreWeights, compile_request
+    from hetslurm.request.language import Request
+    from hetslurm.simulate.loop import Replay, Shape, State, new_core, try_place
+    from hetslurm.simulate.slurm_backfill import _place_on_empty
+
+    model, parts = case_study
+    assert len(model.switch_parent) > 1
+    rng = random.Random(seed)
+    if seed % 2:
+        weights = ScoreWeights(model=0, islands=0, numa=0, leftover=0, load=0, energy=0,
+                               weight=1, switch=3)
+    else:
+        weights = SLURM
+    r = Replay(model, [], parts, 1.0)
+    for _ in range(5):
+        gpus = rng.choice((0, 1, 2, 4))
+        req = Request(nodes=rng.choice((2, 3, 4)), gpus_per_node=gpus,
+                      cores_per_node=rng.choice((1, 8)), cpu_only=gpus == 0)
+        kr = compile_request(model, req, weights)
+        part = "gpu" if gpus else rng.choice(("cpu", "*"))
+        sh = Shape(model, kr, part, new_core(model, r.now, r.masks[part]), r.lay)
+        assert sh.exact and sh.weight_only
+        # A random state: each node's GPUs and cores taken at random.
+        s: State = r.now.copy()
+        for i in range(model.n_nodes):
+            g0, g1 = int(model.gpu_offsets[i]), int(model.gpu_offsets[i + 1])
+            c0, c1 = int(model.core_offsets[i]), int(model.core_offsets[i + 1])
+            s.gpu_free[g0:g1] = [rng.random() < 0.5 for _ in range(g1 - g0)]
+            s.core_free[c0:c1] = [rng.random() < 0.6 for _ in range(c1 - c0)]
+            s.gpu_cnt[i] = int(s.gpu_free[g0:g1].sum())
+            s.core_cnt[i] = int(s.core_free[c0:c1].sum())
+        fits = np.zeros(model.n_nodes, dtype=bool)
+        fits[sh.fitting(s)] = True
+        feasible = fits & np.array([rng.random() < 0.7 for _ in range(model.n_nodes)])
+        if int(np.count_nonzero(feasible[sh.idx])) < sh.k:
+            continue
+        want = try_place(new_core(model, s, r.masks[part] & feasible.astype(np.uint8)), sh,
+                         model, False, r.stats)
+        assert want is not None
+        got = _place_on_empty(r, sh, feasible)
+        assert got.nodes.tolist() == want.nodes.tolist()
