@@ -152,15 +152,12 @@ class SlurmRules:
         horizon = t + self.window_s
         weight = model.weight
         # The jobs this pass tests: the first ``depth`` not started by the main scheduler.
-        cands: list[tuple[int, int]] = []
-        for q, (_, _, pos) in enumerate(pending):
-            if q in started:
-                continue
-            cands.append((q, pos))
-            if len(cands) >= self.depth:
-                break
+        head_n = self.depth + len(started)
+        cands = [(q, e[2]) for q, e in enumerate(pending[:head_n]) if q not in started]
+        del cands[self.depth:]
         m = len(cands)
-        cpos = np.fromiter((p for _, p in cands), dtype=np.int64, count=m)
+        cpos_l = [p for _, p in cands]
+        cpos = np.array(cpos_l, dtype=np.int64)
         csid = ix.sid[cpos]
         climit = ix.limit[cpos]
         cmult = ix.mult[csid]
@@ -217,13 +214,16 @@ class SlurmRules:
                     stop = resv.reserve_ones(raws, rows, csid[i:end], climit[i:end],
                                              cmult[i:end], hopeless, weight, t, horizon,
                                              when_out[i:end], node_out[i:end])
-                    for j, w, nd in zip(range(i, i + stop), when_out[i:i + stop].tolist(),
-                                        node_out[i:i + stop].tolist(), strict=True):
+                    ws = when_out[i:i + stop].tolist()
+                    found_n = 0
+                    for p, w, nd in zip(cpos_l[i:i + stop], ws, node_out[i:i + stop].tolist(),
+                                        strict=True):
                         if w == math.inf:
-                            tested_now.append((cands[j][1], None, None))
+                            tested_now.append((p, None, None))
                         else:
-                            tested_now.append((cands[j][1], w, [nd]))
-                            stats.reservations += 1
+                            tested_now.append((p, w, [nd]))
+                            found_n += 1
+                    stats.reservations += found_n
                     i += stop
                     if i == end:
                         continue
