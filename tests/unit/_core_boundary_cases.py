@@ -19,7 +19,7 @@ import numpy as np
 Case = tuple[str, str, Callable[[], object]]
 
 KERNELS = ("choose_gpus", "choose_gpus_batch", "PlacementCore", "place", "place_batch",
-           "evaluate", "static_fit", "take", "refresh", "NodeSpans")
+           "evaluate", "static_fit", "take", "refresh", "NodeSpans", "Releases")
 
 
 def _i32(*v: int) -> Any:
@@ -512,6 +512,50 @@ def _node_spans(core: Any) -> list[Case]:
     ]
 
 
+def _releases(core: Any) -> list[Case]:
+    rel = core.Releases(3)
+    z = _i64(0, 0, 0)
+
+    def earliest(idx: Any = None, gpu_cnt: Any = z, core_cnt: Any = z, mem_free: Any = z,
+                 out: Any = None) -> object:
+        o = np.zeros(3) if out is None else out
+        rel.earliest(_i64(0, 1) if idx is None else idx, 1, 2, 0, gpu_cnt, core_cnt,
+                     mem_free, 5.0, o)
+        return o.tolist()
+
+    def valid() -> object:
+        rel.add(7, _i64(0, 1), 1, 2, 0, 20.0)
+        got = earliest()
+        rel.remove(7, _i64(1))
+        return (got, earliest(), rel.count)
+
+    return [
+        ("negative size", "ValueError: Releases: n is -1, must be >= 0",
+         lambda: core.Releases(-1)),
+        ("add past the last node", "ValueError: Releases.add: nodes[] is 3, must be in [0, 2]",
+         lambda: rel.add(1, _i64(0, 3), 1, 1, 0, 9.0)),
+        ("remove a job that holds nothing",
+         "ValueError: Releases.remove: job 4 holds nothing on node 0",
+         lambda: rel.remove(4, _i64(0))),
+        ("remove past the last node",
+         "ValueError: Releases.remove: nodes[] is -1, must be in [0, 2]",
+         lambda: rel.remove(4, _i64(-1))),
+        ("short gpu_cnt", "ValueError: Releases.earliest: gpu_cnt has 2 entries, expected 3 "
+         "(one per node)", lambda: earliest(gpu_cnt=_i64(0, 0))),
+        ("short core_cnt", "ValueError: Releases.earliest: core_cnt has 1 entries, expected 3 "
+         "(one per node)", lambda: earliest(core_cnt=_i64(0))),
+        ("long mem_free", "ValueError: Releases.earliest: mem_free has 4 entries, expected 3 "
+         "(one per node)", lambda: earliest(mem_free=_i64(0, 0, 0, 0))),
+        ("short out", "ValueError: Releases.earliest: out has 2 entries, expected 3 "
+         "(one per node)", lambda: earliest(out=np.zeros(2))),
+        ("idx past the last node", "ValueError: Releases.earliest: idx[] is 5, must be in "
+         "[0, 2]", lambda: earliest(idx=_i64(5))),
+        # The refusals added nothing: job 7 alone frees nodes 0 and 1 at 20.
+        ("valid call after the refusals",
+         "returned ([20.0, 20.0, inf], [20.0, inf, inf], 1)", valid),
+    ]
+
+
 def cases(kernel: str) -> list[Case]:
     """The cases of one kernel (name, expected outcome, call)."""
     import hetslurm._core as core
@@ -522,6 +566,8 @@ def cases(kernel: str) -> list[Case]:
         return _choose_gpus_batch(core)
     if kernel == "NodeSpans":
         return _node_spans(core)
+    if kernel == "Releases":
+        return _releases(core)
     model = _model()
     table = {"PlacementCore": _placement_core, "place": _place, "place_batch": _place_batch,
              "evaluate": _evaluate, "static_fit": _static_fit, "take": _take,

@@ -49,7 +49,7 @@ def test_every_python_entry_point_is_covered() -> None:
     # The module's callables and the PlacementCore methods Python can reach.
     public = {n for n in dir(core) if not n.startswith("_") and callable(getattr(core, n))}
     methods = {n for n in vars(core.PlacementCore) if not n.startswith("_")}
-    assert public == {"GpuChooser", "NodeSpans", "PlacementCore", "choose_gpus",
+    assert public == {"GpuChooser", "NodeSpans", "PlacementCore", "Releases", "choose_gpus",
                       "choose_gpus_batch"}
     assert {"place", "place_batch", "evaluate", "static_fit", "take", "refresh"} <= methods
     # GpuChooser has no Python-level method; state()/index_buckets() only read the core's
