@@ -20,6 +20,7 @@ from typing import Any
 
 from hetslurm.audit.speeds import SpeedResult, SpeedRow
 from hetslurm.errors import ConfigError
+from hetslurm.policy.ranking import proposed_order
 from hetslurm.site import names
 from hetslurm.site.importer import toml_key, toml_value
 from hetslurm.site.model import Site
@@ -60,11 +61,6 @@ def check_models(result: SpeedResult, site: Site) -> None:
                               "fix the site")
 
 
-def _clearly_faster(a: SpeedRow | None, b: SpeedRow | None) -> bool:
-    return (a is not None and b is not None and a.ci_low is not None
-            and b.ci_high is not None and a.ci_low > b.ci_high)
-
-
 def _evidence(dev: str, row: SpeedRow | None) -> str:
     if row is None:
         return f"{dev}: not measured in this class"
@@ -91,14 +87,9 @@ def rank_classes(result: SpeedResult, site: Site) -> list[ClassRanking]:
         rows = by_class.get(cname)
         if rows is None or sum(d in gpus for d in order) < 2:
             continue
-        measured = {d: rows[d] for d in order if d in rows and rows[d].ratio is not None}
-        left, proposed = list(order), []
-        while left:
-            pick = next(d for d in left
-                        if not any(_clearly_faster(measured.get(o), measured.get(d))
-                                   for o in left if o != d))
-            proposed.append(pick)
-            left.remove(pick)
+        proposed = proposed_order(order, {d: (rows[d].ci_low, rows[d].ci_high)
+                                          for d in order
+                                          if d in rows and rows[d].ratio is not None})
         out.append(ClassRanking(cname, order, tuple(proposed),
                                 [_evidence(d, rows.get(d)) for d in order]))
     return out

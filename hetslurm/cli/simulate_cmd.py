@@ -41,6 +41,11 @@ def _default_workload() -> str:
               help="Policy to replay (repeat; default: slurm-default and hetslurm; all: the "
                    "four Slurm baselines and hetslurm). Each policy's ratios are against "
                    "the strongest baseline replayed (docs/simulate.md).")
+@click.option("--without", "without", multiple=True, metavar="PART[,PART]",
+              help="Also replay hetslurm with these parts of the whole system switched off "
+                   "(fallback: ranked fallback; speeds: the class rankings learn speeds "
+                   "proposes), as policy hetslurm-without-PART[+PART]; repeat for an "
+                   "ablation table in one run (docs/simulate.md, \"The whole system\").")
 @click.option("--load", "loads", multiple=True, type=float,
               help="Arrival-rate multiplier (repeat for a sweep; default 1).")
 @click.option("--first", default=0, show_default=True, type=click.IntRange(min=0),
@@ -83,7 +88,7 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
              first: int, limit: int | None, plot_dir: str | None, workload_file: str | None,
              testbed_dir: str | None, sim_only: bool, speed_exponent: float,
              backfill: str | None, rows_out: str | None, seeds: tuple[int, ...],
-             workers: int, output_format: str) -> None:
+             workers: int, without: tuple[str, ...], output_format: str) -> None:
     """Replay a trace through Slurm's priority order and backfill as each policy
     configures it.
 
@@ -104,10 +109,16 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
     mean wait and makespan of both, their difference and whether it is within the
     workload's target; exit status 1 when a figure misses it.
     """
-    from hetslurm.simulate.params import POLICIES
+    from hetslurm.errors import ConfigError
+    from hetslurm.simulate.params import POLICIES, parse_without, variant_name
 
     chosen = (POLICIES if "all" in policies
               else tuple(dict.fromkeys(policies)) or ("slurm-default", "hetslurm"))
+    try:
+        variants = tuple(dict.fromkeys(variant_name(parse_without(w)) for w in without))
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    chosen = (*chosen, *(v for v in variants if v not in chosen))
     if workload_file is not None:
         given = [name for name, v in (("--site", site_file), ("--trace", trace_file),
                                       ("--trace-format", trace_format),
@@ -117,7 +128,8 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
                      ["--speed-exponent"] if speed_exponent != 1.0 else []) + (
                      ["--backfill"] if backfill else []) + (
                      ["--rows-out"] if rows_out else []) + (
-                     ["--seed"] if seeds else []) + (["--workers"] if workers != 1 else [])
+                     ["--seed"] if seeds else []) + (["--workers"] if workers != 1 else []) + (
+                     ["--without"] if without else [])
         if given:
             raise click.UsageError(f"{', '.join(given)}: not with --validate (the workload "
                                    "file fixes the site, parameters and jobs)")

@@ -64,7 +64,7 @@ def bench_simulate(site: Site, params: Params, *, policies: Sequence[str],
         jobs, dropped = build_jobs(sample, fmt, site, params, policies)
         for load, bf, p in ((x, b, p) for x in (loads or {}).get(name, (default_load,))
                             for b in backfills for p in policies):
-            model = node_weights(base, params.policies[p], params)
+            model = node_weights(base, params.policy(p), params)
             parts = {n: partition_nodes(site, model, n) for n in partition_names(jobs[p])}
             avg_before = os.getloadavg()[0]
             began = time.perf_counter()

@@ -234,6 +234,11 @@ def plan(w: Workload, site: Site, params: Params, policies: Sequence[str]) -> Pl
     """
     tjobs = [TraceJob(j.id, j.submit, j.runtime, j.gpus, cores=j.cores,
                       job_type=j.cls) for j in w.jobs]
+    # The testbed runs the site file's class orders as written: no learned ranking was
+    # applied to it, so the simulator's hetslurm replays it without the ``speeds`` part.
+    params = replace(params, policies={
+        name: replace(pol, without=pol.without | {"speeds"}) if pol.use_classes else pol
+        for name, pol in params.policies.items()})
     jobs, dropped = build_jobs(tjobs, FORMAT, site, params, policies)
     if any(dropped.values()) or any(len(v) != len(w.jobs) for v in jobs.values()):
         raise ConfigError(f"{w.path}: jobs the site cannot run: {dropped}")
@@ -280,7 +285,7 @@ def simulate_plan(w: Workload, pl: Plan, policy: str, *, latency: bool = True,
     ``[model]``); waits count from the submission."""
     from hetslurm.simulate.slurm_backfill import replay_slurm
 
-    model = node_weights(ClusterModel.from_site(pl.site), pl.params.policies[policy],
+    model = node_weights(ClusterModel.from_site(pl.site), pl.params.policy(policy),
                          pl.params)
     lat = w.start_latency_s if latency else 0.0
     extra = w.hold_extra_s if latency else 0.0

@@ -37,6 +37,48 @@ BASELINES = POLICIES[:-1]
 #: their ``[speeds]`` over the classes).
 NODE_WEIGHTS = ("uniform", "site", "speed")
 SCORE_KEYS = ("model", "islands", "numa", "leftover", "load", "energy", "weight")
+#: The parts of what a hetslurm site runs that ``simulate --without`` switches off, one at a
+#: time or together (docs/simulate.md, "The whole system"): ``fallback``, ranked fallback
+#: (off: the model OR in node-weight order, ``ranked_fallback = "weights"``); ``speeds``,
+#: the class rankings ``learn speeds --rank`` proposes from measured speeds (off: the site
+#: file's own orders).
+PARTS = ("fallback", "speeds")
+#: Parts of the whole system the replay does not model yet: asking to switch one off is
+#: refused with this reason rather than silently changing nothing.
+NOT_REPLAYED = {
+    "requeue": "requeue and downgrade of stalled jobs are not replayed yet (no trace records "
+               "GPU utilization; issue 24)",
+    "relax": "relax of pending requests is not replayed yet (no trace job carries a "
+             "wait-for= or energy= request it would relax; issue 24)",
+    "scoring": "the measured-load weight bands are not replayed yet (issue 24)",
+}
+#: The name of hetslurm's policy replayed with ``parts`` switched off.
+VARIANT_PREFIX = "hetslurm-without-"
+
+
+def variant_name(parts: frozenset[str] | set[str]) -> str:
+    """``hetslurm-without-fallback+speeds`` for ``{"speeds", "fallback"}`` (parts in
+    :data:`PARTS` order)."""
+    return VARIANT_PREFIX + "+".join(p for p in PARTS if p in parts)
+
+
+def parse_without(text: str) -> frozenset[str]:
+    """One ``--without`` value (``fallback,speeds``) as a set of parts.
+
+    Raises:
+        ConfigError: an empty value, or a part that is unknown or not replayed.
+    """
+    parts = [w.strip() for w in text.split(",")]
+    if not any(parts):
+        raise ConfigError(f"--without {text!r}: name a part: {', '.join(PARTS)}")
+    for w in parts:
+        if w in NOT_REPLAYED:
+            raise ConfigError(f"--without {w}: {NOT_REPLAYED[w]}; parts: {', '.join(PARTS)}")
+        if w not in PARTS:
+            close = difflib.get_close_matches(w, PARTS, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(f"--without {w!r}: not a part{hint}; parts: {', '.join(PARTS)}")
+    return frozenset(parts)
 
 
 @dataclass(frozen=True)
@@ -50,6 +92,9 @@ class PolicyParams:
     use_classes: bool
     use_priority: bool
     score: Mapping[str, int]
+    #: Parts of the whole system switched off (:data:`PARTS`); only a variant of
+    #: ``hetslurm`` (:func:`variant_name`) has any.
+    without: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -99,6 +144,24 @@ class Params:
         speeds = {cls: {m: v ** exponent for m, v in row.items()}
                   for cls, row in self.speeds.items()}
         return replace(self, speeds=speeds)
+
+    def policy(self, name: str) -> PolicyParams:
+        """The policy ``name``: a ``[policy.*]`` table, or a variant of ``hetslurm`` with
+        parts switched off (``hetslurm-without-fallback+speeds``).
+
+        Raises:
+            ConfigError: no such policy (or a variant's part is unknown).
+        """
+        hit = self.policies.get(name)
+        if hit is not None:
+            return hit
+        base = self.policies.get("hetslurm")
+        if name.startswith(VARIANT_PREFIX) and base is not None:
+            parts = frozenset(name[len(VARIANT_PREFIX):].split("+"))
+            if parts and parts <= set(PARTS) and variant_name(parts) == name:
+                return replace(base, name=name, without=parts)
+        raise ConfigError(f"{self.path}: no policy '{name}'; policies: "
+                          f"{', '.join(self.policies)} (or {VARIANT_PREFIX}PART[+PART])")
 
     def speed(self, cls: str, model: str) -> float:
         """Relative speed of ``model`` for class ``cls``.

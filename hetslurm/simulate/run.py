@@ -94,7 +94,7 @@ def replay_task(site: Site, sample: Sequence[TraceJob], fmt: str, params: Params
     base = ClusterModel.from_site(site)
     out = TaskResult([], dropped, len(jobs[policies[0]]) if policies else 0)
     for p in run:
-        model = node_weights(base, p_seed.policies[p], p_seed)
+        model = node_weights(base, p_seed.policy(p), p_seed)
         names = partition_names(jobs[p])
         parts = {name: partition_nodes(site, model, name) for name in names}
         for load in loads:
@@ -156,9 +156,7 @@ def simulate(
             or given twice, a partition the site lacks, or a speed the parameter file lacks.
     """
     for p in policies:
-        if p not in params.policies:
-            raise ConfigError(f"{params.path}: no [policy.{p}]; defined: "
-                              f"{', '.join(params.policies)}")
+        params.policy(p)  # refused here, before any replay, when it is not one
     if not loads or any(x <= 0 for x in loads):
         raise ConfigError("--load values must be > 0")
     if not seeds or any(x < 0 for x in seeds) or len(set(seeds)) != len(seeds):
@@ -209,6 +207,8 @@ def simulate(
         "trace_values": trace_values(sample, site, params, policies), "params": params.path,
         "backfill": params.backfill, "backfill_depth": params.backfill_depth,
         "backfill_window_s": params.backfill_window_s,
+        "without": {p: sorted(params.policy(p).without) for p in policies
+                    if params.policy(p).without},
         "seeds": list(seeds), "workers": workers,
         "failed_rows": sum(1 for r in rows if "error" in r),
         "disagreement_examples": examples,

@@ -19,6 +19,7 @@ from pathlib import Path
 from hetslurm.errors import ConfigError, PlacementError
 from hetslurm.placement.model import ClusterModel, KernelRequest
 from hetslurm.placement.place import ScoreWeights, compile_request, place
+from hetslurm.policy.ranking import proposed_order
 from hetslurm.request.language import Request, resolve
 from hetslurm.simulate.params import Params, PolicyParams
 from hetslurm.simulate.traces import TraceError, TraceJob
@@ -244,6 +245,30 @@ def speed_weights(model: ClusterModel, params: Params) -> list[int]:
     return out
 
 
+def learned_site(site: Site, params: Params) -> Site:
+    """``site`` with each class's ``devices`` re-ranked as ``hetslurm learn speeds --rank``
+    would propose from the parameter file's ``[speeds]`` (the ``speeds`` part of the whole
+    system): the same rule (:func:`hetslurm.policy.ranking.proposed_order`) with each speed
+    taken as measured exactly (a zero-width interval), so a model moves ahead of one listed
+    before it whenever it is faster for the class. A class without ``[speeds]`` or with
+    fewer than two GPU models keeps its order; ``site`` itself when nothing moves."""
+    classes = dict(site.sections.get("classes", {}))
+    gpus = set(site.gpu_models())
+    moved = False
+    for name, wc in classes.items():
+        row = params.speeds.get(name)
+        order = tuple(wc.devices)
+        if row is None or sum(d in gpus for d in order) < 2:
+            continue
+        new = proposed_order(order, {d: (row[d], row[d]) for d in order if d in row})
+        if new != order:
+            classes[name] = wc.model_copy(update={"devices": new})
+            moved = True
+    if not moved:
+        return site
+    return replace(site, sections={**site.sections, "classes": classes})
+
+
 def score_weights(policy: PolicyParams) -> ScoreWeights:
     return ScoreWeights(**policy.score)
 
@@ -327,7 +352,11 @@ def build_jobs(
     and the dropped counts by reason.
     """
     base = ClusterModel.from_site(site)
-    empty_models = {p: node_weights(base, params.policies[p], params) for p in policies}
+    empty_models = {p: node_weights(base, params.policy(p), params) for p in policies}
+    # The site each policy's hook reads: with the ``speeds`` part, the class orders
+    # ``learn speeds --rank`` proposes (one site object, so one Lua runtime, for all).
+    learned = learned_site(site, params)
+    sites = {p: site if "speeds" in params.policy(p).without else learned for p in policies}
     dropped = {"fractional": 0, "oversize": 0, "gpu_spec_no_site_model": 0}
     out: dict[str, list[SimJob]] = {p: [] for p in policies}
     verdicts: dict[tuple[str, Request, str], bool] = {}
@@ -345,9 +374,9 @@ def build_jobs(
             c = replace(c, spec=spec)
         made: dict[str, SimJob] = {}
         for p in policies:
-            pol = params.policies[p]
+            pol = params.policy(p)
             model = empty_models[p]
-            req, partition, prio = request_for(c, pol, params, site, model, times)
+            req, partition, prio = request_for(c, pol, params, sites[p], model, times)
             key = (p, req, partition)
             if key not in verdicts:
                 verdicts[key] = _fits_empty(model, req, partition, site, pol)
@@ -365,7 +394,8 @@ def build_jobs(
                 index=index, id=tj.id, cls=c.cls, submit=tj.submit, priority=prio,
                 partition=partition, kr=kr, runtime=times,
                 time_limit=limit_base * params.time_limit_factor, gpus=kr.gpus * kr.nodes,
-                ranked=ranked_for(site, req, partition) if pol.use_classes else (),
+                ranked=(ranked_for(site, req, partition)
+                        if pol.use_classes and "fallback" not in pol.without else ()),
             )
         if len(made) != len(policies):
             dropped["oversize"] += 1
@@ -403,7 +433,7 @@ def trace_values(trace_jobs: Sequence[TraceJob], site: Site, params: Params,
         "names": {n: {"jobs": k, "site_model": site_model(n)} for n, k in sorted(names.items())},
     }
     qos: dict[str, int] = {}
-    if any(params.policies[p].use_priority for p in policies):
+    if any(params.policy(p).use_priority for p in policies):
         for tj in trace_jobs:
             if tj.qos is not None and tj.qos not in params.priority_by_qos:
                 qos[tj.qos] = qos.get(tj.qos, 0) + 1
