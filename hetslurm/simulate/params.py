@@ -158,7 +158,7 @@ class Params:
         base = self.policies.get("hetslurm")
         if name.startswith(VARIANT_PREFIX) and base is not None:
             parts = frozenset(name[len(VARIANT_PREFIX):].split("+"))
-            if parts and parts <= set(PARTS) and variant_name(parts) == name:
+            if parts <= set(PARTS) and variant_name(parts) == name:
                 return replace(base, name=name, without=parts)
         raise ConfigError(f"{self.path}: no policy '{name}'; policies: "
                           f"{', '.join(self.policies)} (or {VARIANT_PREFIX}PART[+PART])")

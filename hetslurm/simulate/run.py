@@ -155,8 +155,8 @@ def simulate(
         ConfigError: a policy the parameter file does not define, a load <= 0, a seed < 0
             or given twice, a partition the site lacks, or a speed the parameter file lacks.
     """
-    for p in policies:
-        params.policy(p)  # refused here, before any replay, when it is not one
+    # Each policy refused here, before any replay, when it is not one.
+    without = {p: sorted(params.policy(p).without) for p in policies}
     if not loads or any(x <= 0 for x in loads):
         raise ConfigError("--load values must be > 0")
     if not seeds or any(x < 0 for x in seeds) or len(set(seeds)) != len(seeds):
@@ -207,8 +207,7 @@ def simulate(
         "trace_values": trace_values(sample, site, params, policies), "params": params.path,
         "backfill": params.backfill, "backfill_depth": params.backfill_depth,
         "backfill_window_s": params.backfill_window_s,
-        "without": {p: sorted(params.policy(p).without) for p in policies
-                    if params.policy(p).without},
+        "without": {p: parts for p, parts in without.items() if parts},
         "seeds": list(seeds), "workers": workers,
         "failed_rows": sum(1 for r in rows if "error" in r),
         "disagreement_examples": examples,

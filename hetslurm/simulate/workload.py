@@ -250,16 +250,16 @@ def learned_site(site: Site, params: Params) -> Site:
     would propose from the parameter file's ``[speeds]`` (the ``speeds`` part of the whole
     system): the same rule (:func:`hetslurm.policy.ranking.proposed_order`) with each speed
     taken as measured exactly (a zero-width interval), so a model moves ahead of one listed
-    before it whenever it is faster for the class. A class without ``[speeds]`` or with
-    fewer than two GPU models keeps its order; ``site`` itself when nothing moves."""
+    before it whenever it is faster for the class. A class without ``[speeds]`` keeps its
+    order (so does one with fewer than two models that have a speed: nothing to compare);
+    ``site`` itself when nothing moves."""
     classes = dict(site.sections.get("classes", {}))
-    gpus = set(site.gpu_models())
     moved = False
     for name, wc in classes.items():
         row = params.speeds.get(name)
-        order = tuple(wc.devices)
-        if row is None or sum(d in gpus for d in order) < 2:
+        if row is None:
             continue
+        order = tuple(wc.devices)
         new = proposed_order(order, {d: (row[d], row[d]) for d in order if d in row})
         if new != order:
             classes[name] = wc.model_copy(update={"devices": new})
@@ -352,11 +352,12 @@ def build_jobs(
     and the dropped counts by reason.
     """
     base = ClusterModel.from_site(site)
-    empty_models = {p: node_weights(base, params.policy(p), params) for p in policies}
+    pols = {p: params.policy(p) for p in policies}
+    empty_models = {p: node_weights(base, pols[p], params) for p in policies}
     # The site each policy's hook reads: with the ``speeds`` part, the class orders
     # ``learn speeds --rank`` proposes (one site object, so one Lua runtime, for all).
     learned = learned_site(site, params)
-    sites = {p: site if "speeds" in params.policy(p).without else learned for p in policies}
+    sites = {p: site if "speeds" in pols[p].without else learned for p in policies}
     dropped = {"fractional": 0, "oversize": 0, "gpu_spec_no_site_model": 0}
     out: dict[str, list[SimJob]] = {p: [] for p in policies}
     verdicts: dict[tuple[str, Request, str], bool] = {}
@@ -374,7 +375,7 @@ def build_jobs(
             c = replace(c, spec=spec)
         made: dict[str, SimJob] = {}
         for p in policies:
-            pol = params.policy(p)
+            pol = pols[p]
             model = empty_models[p]
             req, partition, prio = request_for(c, pol, params, sites[p], model, times)
             key = (p, req, partition)
