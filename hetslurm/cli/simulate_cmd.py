@@ -73,6 +73,10 @@ def _default_workload() -> str:
                    "hsv* folder in $TMPDIR, removed after].")
 @click.option("--sim-only", is_flag=True,
               help="--validate: the simulator's side only (no testbed).")
+@click.option("--slurm", "slurm", metavar="RELEASE", default=None,
+              help="--validate: the Slurm release the testbed runs (22.05, 24.11 or 26.05) "
+                   "[default: the host's]; one the host lacks runs from its cached Debian "
+                   "root (docs/testbed.md).")
 @click.option("--speed-exponent", default=1.0, show_default=True,
               type=click.FloatRange(min=0),
               help="Raise every [speeds] value of --params to this power (0: all models "
@@ -88,7 +92,8 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
              first: int, limit: int | None, plot_dir: str | None, workload_file: str | None,
              testbed_dir: str | None, sim_only: bool, speed_exponent: float,
              backfill: str | None, rows_out: str | None, seeds: tuple[int, ...],
-             workers: int, without: tuple[str, ...], output_format: str) -> None:
+             workers: int, without: tuple[str, ...], slurm: str | None,
+             output_format: str) -> None:
     """Replay a trace through Slurm's priority order and backfill as each policy
     configures it.
 
@@ -134,10 +139,19 @@ def simulate(site_file: str | None, trace_file: str | None, trace_format: str | 
             raise click.UsageError(f"{', '.join(given)}: not with --validate (the workload "
                                    "file fixes the site, parameters and jobs)")
         path = _default_workload() if workload_file == _DEFAULT_WORKLOAD else workload_file
-        _validate(path, chosen, limit, testbed_dir, sim_only, output_format)
+        if slurm is not None and sim_only:
+            raise click.UsageError("--slurm: not with --sim-only (no testbed runs)")
+        if slurm is not None:
+            from hetslurm.slurm import versions
+
+            try:
+                slurm = versions.release(slurm).name
+            except ConfigError as exc:
+                raise click.UsageError(f"--slurm: {exc}") from None
+        _validate(path, chosen, limit, testbed_dir, sim_only, slurm, output_format)
         return
-    if testbed_dir is not None or sim_only:
-        raise click.UsageError("--dir and --sim-only go with --validate")
+    if testbed_dir is not None or sim_only or slurm is not None:
+        raise click.UsageError("--dir, --sim-only and --slurm go with --validate")
     missing = [name for name, v in (("--trace", trace_file), ("--trace-format", trace_format),
                                     ("--params", params_file)) if v is None]
     if missing:
@@ -206,7 +220,8 @@ def _row_writer(path: str) -> Callable[[dict[str, object]], None]:
 
 
 def _validate(path: str, policies: tuple[str, ...], limit: int | None,
-              testbed_dir: str | None, sim_only: bool, output_format: str) -> None:
+              testbed_dir: str | None, sim_only: bool, slurm: str | None,
+              output_format: str) -> None:
     from hetslurm.lab.validate_simulate import validate
 
     def log(msg: str) -> None:
@@ -214,7 +229,7 @@ def _validate(path: str, policies: tuple[str, ...], limit: int | None,
 
     with progress_bar() as progress:
         result = validate(path, policies=policies, jobs=limit, testbed_dir=testbed_dir,
-                          sim_only=sim_only, progress=progress, log=log)
+                          sim_only=sim_only, progress=progress, log=log, slurm=slurm)
     emit(result.rows, output_format, title=f"simulate --validate {path}",
          document=result.to_dict())
     if not result.passed:

@@ -54,7 +54,10 @@ SCHEMA = "hetslurm-validate-workload/1"
 FORMAT = "validate"  # the key of [runtime] reference_model in the parameter file
 POLICIES = ("slurm-default", "hetslurm")
 #: Job fields of the workload file, and the top-level tables.
-_JOB_KEYS = ("id", "submit", "class", "gpus", "cores", "runtime", "limit_min")
+_JOB_KEYS = ("id", "submit", "class", "gpus", "cores", "runtime", "limit_min", "nodes",
+             "priority")
+#: ``priority`` values of a job: the QOS it submits with (``--qos``, or ``#HET priority=``).
+PRIORITIES = ("high", "normal")
 _TOP_KEYS = ("schema", "site", "params", "testbed", "model", "target", "workload")
 
 Progress = Callable[[str, int, int], None]
@@ -69,10 +72,13 @@ class WorkloadJob:
         id: the job name (``sbatch -J``).
         submit: seconds after the first submission.
         cls: the site class of a GPU job; ``None`` for a CPU job (the CPU class).
-        gpus: GPUs on one node (0 = CPU job).
-        cores: cores on that node (``-c``).
+        gpus: GPUs of the job, split evenly over its nodes (0 = CPU job).
+        cores: cores on each node (``-c``).
         runtime: seconds on the parameter file's reference model (any node for CPU jobs).
         limit_min: time limit in whole minutes (Slurm keeps limits in minutes).
+        nodes: nodes of the job (``-N``); the simulator derives the same from ``gpus`` and
+            the site's GPUs per node, which :func:`plan` checks.
+        priority: ``high`` (QOS ``high``) or ``normal``.
     """
 
     id: str
@@ -82,6 +88,8 @@ class WorkloadJob:
     cores: int
     runtime: float
     limit_min: int
+    nodes: int = 1
+    priority: str = "normal"
 
 
 @dataclass(frozen=True)
@@ -147,11 +155,17 @@ def load_workload(path: str | Path) -> Workload:
             gpus=_int(rj, "gpus", where, 0), cores=_int(rj, "cores", where, 1),
             runtime=_num(rj, "runtime", where, 1e-9),
             limit_min=_int(rj, "limit_min", where, 1),
+            nodes=_int(rj, "nodes", where, 1) if "nodes" in rj else 1,
+            priority=(_choice(rj, "priority", where, PRIORITIES) if "priority" in rj
+                      else "normal"),
         )
         if job.id in seen:
             raise ConfigError(f"{where}: id '{job.id}' appears twice")
         if (job.gpus > 0) != (job.cls is not None):
             raise ConfigError(f"{where}: a GPU job names its class, a CPU job none")
+        if job.gpus % job.nodes or (job.nodes > 1 and not job.gpus):
+            raise ConfigError(f"{where}: {job.gpus} GPUs do not split evenly over "
+                              f"{job.nodes} nodes (a CPU job runs on one node)")
         if jobs and job.submit < jobs[-1].submit:
             raise ConfigError(f"{where}: jobs must be in submit order")
         seen.add(job.id)
@@ -232,17 +246,35 @@ def plan(w: Workload, site: Site, params: Params, policies: Sequence[str]) -> Pl
     Raises:
         ConfigError: a job the site cannot run, a limit below a job's slowest runtime.
     """
-    tjobs = [TraceJob(j.id, j.submit, j.runtime, j.gpus, cores=j.cores,
-                      job_type=j.cls) for j in w.jobs]
+    # ``cores`` is per node in the workload, for the whole job in a trace.
+    tjobs = [TraceJob(j.id, j.submit, j.runtime, j.gpus, cores=j.cores * j.nodes,
+                      job_type=j.cls, qos=j.priority) for j in w.jobs]
     # The testbed runs the site file's class orders as written: no learned ranking was
     # applied to it, so the simulator's hetslurm replays it without the ``speeds`` part.
     params = replace(params, policies={
         name: replace(pol, without=pol.without | {"speeds"}) if pol.use_classes else pol
         for name, pol in params.policies.items()})
+    # A priority the testbed submits (--qos / #HET priority=) must be one the simulator
+    # replays: every policy orders by it, and the parameter file maps it to itself.
+    for wj in w.jobs:
+        if wj.priority == "normal":
+            continue
+        off = [p for p in policies if not params.policy(p).use_priority]
+        if params.priority_by_qos.get(wj.priority) != wj.priority or off:
+            raise ConfigError(
+                f"{w.path}: job {wj.id} has priority {wj.priority}, which {params.path} "
+                f"does not replay (needs [jobs] priority_by_qos = {{ {wj.priority} = "
+                f'"{wj.priority}" }} and use_priority = true in every policy'
+                + (f"; off in {', '.join(off)})" if off else ")"))
     jobs, dropped = build_jobs(tjobs, FORMAT, site, params, policies)
     if any(dropped.values()) or any(len(v) != len(w.jobs) for v in jobs.values()):
         raise ConfigError(f"{w.path}: jobs the site cannot run: {dropped}")
     runtimes = [dict(j.runtime) for j in jobs[policies[0]]]
+    for p in policies:
+        for wj, sj in zip(w.jobs, jobs[p], strict=True):
+            if sj.kr.nodes != wj.nodes:
+                raise ConfigError(f"{w.path}: job {wj.id} names {wj.nodes} nodes; the site "
+                                  f"holds its {wj.gpus} GPUs on {sj.kr.nodes}")
     for wj, sj in zip(w.jobs, jobs[policies[0]], strict=True):
         slowest = max(v for k, v in sj.runtime.items() if math.isfinite(v))
         if slowest + w.hold_extra_s > wj.limit_min * 60:
@@ -334,12 +366,22 @@ def job_script(policy: str, wj: WorkloadJob, sj: SimJob, runtimes: Mapping[int, 
     lines = ["#!/bin/bash", f"#SBATCH -t {wj.limit_min}", f"#SBATCH -c {wj.cores}"]
     if policy == "hetslurm":
         words = [f"gpus={wj.gpus}", f"class={wj.cls}"] if wj.gpus else [f"class={sj.cls}"]
+        if wj.nodes > 1:
+            words.insert(0, f"nodes={wj.nodes}")
+        if wj.priority != "normal":
+            words.append(f"priority={wj.priority}")
         lines.append("#HET " + " ".join(words))
-    elif wj.gpus:
-        lines += [f"#SBATCH -p {sj.partition}", f"#SBATCH --gres=gpu:{wj.gpus}"]
     else:
-        part = all_nodes_partition(site) if sj.partition == "*" else sj.partition
-        lines.append(f"#SBATCH -p {part}")
+        if wj.gpus:
+            lines += [f"#SBATCH -p {sj.partition}",
+                      f"#SBATCH --gres=gpu:{wj.gpus // wj.nodes}"]
+        else:
+            part = all_nodes_partition(site) if sj.partition == "*" else sj.partition
+            lines.append(f"#SBATCH -p {part}")
+        if wj.nodes > 1:
+            lines.append(f"#SBATCH -N {wj.nodes}")
+        if wj.priority != "normal":
+            lines.append(f"#SBATCH --qos={wj.priority}")
     lines.append('case "$SLURMD_NODENAME" in')
     by_secs: dict[str, list[str]] = {}
     for i, node in enumerate(site.nodes):
@@ -354,7 +396,7 @@ def job_script(policy: str, wj: WorkloadJob, sj: SimJob, runtimes: Mapping[int, 
 
 
 def _policy_testbed(root: Path, policy: str, scheduler_parameters: str,
-                    log: Log) -> Testbed:
+                    log: Log, slurm: str | None = None) -> Testbed:
     """A :class:`~hetslurm.testbed.Testbed` rendering the site as ``policy`` sees it.
 
     It edits the rendered slurm.conf after ``Testbed._write_config`` (the one place ``up``
@@ -388,7 +430,7 @@ def _policy_testbed(root: Path, policy: str, scheduler_parameters: str,
             self.conf.write_text(text)
             return files
 
-    return PolicyTestbed(root, log=log)
+    return PolicyTestbed(root, log=log, slurm=slurm)
 
 
 @dataclass
@@ -397,9 +439,11 @@ class _Submitted:
 
 
 def run_testbed(w: Workload, pl: Plan, policy: str, root: Path, *,
-                progress: Progress | None = None, log: Log | None = None) -> Outcome:
-    """Boot the testbed in ``root`` for ``policy``, submit the workload at its offsets, wait
-    for every job, read sacct, bring the testbed down.
+                progress: Progress | None = None, log: Log | None = None,
+                slurm: str | None = None) -> Outcome:
+    """Boot the testbed in ``root`` for ``policy`` (Slurm release ``slurm``, default the
+    host's), submit the workload at its offsets, wait for every job, read sacct, bring the
+    testbed down.
 
     Raises:
         TestbedError: the folder's testbed already runs, a job did not complete, sacct
@@ -409,7 +453,7 @@ def run_testbed(w: Workload, pl: Plan, policy: str, root: Path, *,
     from hetslurm.testbed.procs import marked_pids
 
     say = log or (lambda _m: None)
-    bed = _policy_testbed(root, policy, w.scheduler_parameters, say)
+    bed = _policy_testbed(root, policy, w.scheduler_parameters, say, slurm)
     if bed.running().get(SLURMCTLD):
         raise TestbedError(f"a testbed runs in {root}; bring it down or use another --dir")
     model = ClusterModel.from_site(pl.site)
@@ -543,7 +587,7 @@ def compare(sim: Mapping[str, float], bed: Mapping[str, float] | None,
 def validate(
     workload_file: str | Path, *, policies: Sequence[str] = POLICIES, jobs: int | None = None,
     testbed_dir: str | Path | None = None, sim_only: bool = False,
-    progress: Progress | None = None, log: Log | None = None,
+    progress: Progress | None = None, log: Log | None = None, slurm: str | None = None,
 ) -> ValidationResult:
     """Replay the workload in the simulator and (unless ``sim_only``) on the testbed, per
     policy, and compare mean wait and makespan against the workload's target.
@@ -555,6 +599,8 @@ def validate(
         testbed_dir: the testbed's state folder (a short path: unix sockets); default a new
             folder ``hsv*`` in the temporary directory, removed at the end.
         sim_only: the simulator only (no root or Slurm needed).
+        slurm: the Slurm release the testbed runs (``24.11``; default the host's), from its
+            cached Debian root when the host has another (docs/testbed.md).
 
     Raises:
         ConfigError: a bad workload, site or parameter file.
@@ -573,6 +619,12 @@ def validate(
     root = Path(testbed_dir or (tempfile.mkdtemp(prefix="hsv") if own_dir else ".")).absolute()
     rows: list[dict[str, Any]] = []
     per: dict[str, dict[str, Any]] = {}
+    release: dict[str, str | None] = {}
+    if not sim_only:
+        from hetslurm.testbed.cluster import Testbed
+
+        tb = Testbed(root, slurm=slurm)
+        release = {"slurm_release": tb.slurm_release, "slurm_version": tb.slurm_version()}
     began = time.monotonic()
     try:
         for p in policies:
@@ -587,7 +639,7 @@ def validate(
             bed: Outcome | None = None
             if not sim_only:
                 t = time.monotonic()
-                bed = run_testbed(w, pl, p, root, progress=progress, log=log)
+                bed = run_testbed(w, pl, p, root, progress=progress, log=log, slurm=slurm)
                 entry["testbed"] = bed.figures()
                 entry["testbed_models"] = _count(_models(bed.where, site))
                 entry["testbed_seconds"] = round(time.monotonic() - t, 1)
@@ -602,11 +654,14 @@ def validate(
     meta = {
         "workload": w.path, "site": str(w.site_file), "params": str(w.params_file),
         "jobs": len(w.jobs), "gpu_jobs": sum(1 for j in w.jobs if j.gpus),
+        "multi_node_jobs": sum(1 for j in w.jobs if j.nodes > 1),
+        "high_priority_jobs": sum(1 for j in w.jobs if j.priority == "high"),
         "scheduler_parameters": w.scheduler_parameters, "backfill": w.backfill,
         "start_latency_s": w.start_latency_s, "hold_extra_s": w.hold_extra_s,
         "target": {"relative": w.target.relative, "wait_abs_s": w.target.wait_abs_s,
                    "makespan_abs_s": w.target.makespan_abs_s},
-        "testbed": not sim_only, "seconds": round(time.monotonic() - began, 1),
+        "testbed": not sim_only, **release,
+        "seconds": round(time.monotonic() - began, 1),
     }
     return ValidationResult(rows, meta, per)
 
@@ -637,7 +692,7 @@ def _hold_extra(bed: Outcome, runtimes: Sequence[Mapping[int, float]],
     index = {n.name: i for i, n in enumerate(site.nodes)}
     extra = []
     for i, nodes in enumerate(bed.where):
-        node = index.get(re.split(r"[\[,]", nodes)[0])
+        node = index.get(_first_node(nodes))
         secs = runtimes[i].get(int(model.gpu_model[node])) if node is not None else None
         if secs is not None and math.isfinite(secs):
             extra.append(bed.end[i] - bed.start[i] - secs)
@@ -654,4 +709,14 @@ def _count(names: Sequence[str]) -> dict[str, int]:
 def _models(nodes: Sequence[str], site: Site) -> list[str]:
     """GPU model (or "cpu") of the first node of each job's node list."""
     model_of = {n.name: (n.gpus[0].model if n.gpus else "cpu") for n in site.nodes}
-    return [model_of.get(re.split(r"[\[,]", n)[0], n) for n in nodes]
+    return [model_of.get(_first_node(n) or n, n) for n in nodes]
+
+
+def _first_node(nodes: str) -> str | None:
+    """The first node of a Slurm node list (``gpu[3,5]`` -> ``gpu3``): the batch host,
+    whose model the job's script sleeps by."""
+    try:
+        names = units.expand_hostlist(nodes)
+    except ValueError:
+        return None
+    return names[0] if names else None

@@ -243,3 +243,122 @@ def test_progress_bar_is_silent_off_a_terminal() -> None:
         assert bar is None  # pytest's stderr is not a terminal
 
 
+
+
+# --- the 1,000-job workload: two nodes, two priority classes, another Slurm release ----------
+
+LARGE = ROOT / "site-configs" / "validate-workload-large.toml"
+
+
+def test_the_large_workload_is_the_one_its_command_draws() -> None:
+    from hetslurm.lab import validate_workload as g
+
+    # The file's header names the command; the file is what it prints, unedited.
+    assert "python -m hetslurm.lab.validate_workload --jobs 1000 --seed 1" in LARGE.read_text()
+    assert LARGE.read_text() == g.render(g.draw(1000, 1), 1, g.SCHEDULER_PARAMETERS)
+    assert g.draw(50, 1) == g.draw(1000, 1)[:50] and g.draw(50, 2) != g.draw(50, 1)
+
+
+def test_the_large_workload_has_two_node_jobs_and_priorities_both_policies_replay() -> None:
+    w, pl = _plan(LARGE)
+    assert len(w.jobs) == 1000
+    multi = [i for i, j in enumerate(w.jobs) if j.nodes > 1]
+    high = [i for i, j in enumerate(w.jobs) if j.priority == "high"]
+    assert len(multi) == 61 and len(high) == 152
+    for p in v.POLICIES:
+        assert all(pl.jobs[p][i].kr.nodes == 2 and pl.jobs[p][i].kr.gpus == 4 for i in multi)
+        assert {pl.jobs[p][i].priority for i in high} == {0}  # high, before normal (1)
+    assert pl.params.backfill_window_s == 60 and "bf_window=1" in w.scheduler_parameters
+    assert pl.params.backfill_depth == 500 and "bf_max_job_test=500" in w.scheduler_parameters
+
+
+def test_a_two_node_high_priority_job_submits_n_qos_or_het_words() -> None:
+    from hetslurm.hook.explain import explain
+
+    w, pl = _plan(LARGE)
+    site, model = pl.site, ClusterModel.from_site(pl.site)
+    i = next(i for i, j in enumerate(w.jobs) if j.nodes == 2 and j.priority == "high")
+    plain = v.job_script("slurm-default", w.jobs[i], pl.jobs["slurm-default"][i],
+                         pl.runtimes[i], site, model)
+    assert "#SBATCH -N 2" in plain and "#SBATCH --gres=gpu:4" in plain
+    assert "#SBATCH --qos=high" in plain and "#SBATCH -c 8" in plain
+    het = v.job_script("hetslurm", w.jobs[i], pl.jobs["hetslurm"][i], pl.runtimes[i],
+                       site, model)
+    assert "#HET nodes=2 gpus=8 class=train priority=high" in het
+    writes = dict(explain(het, site).writes)
+    assert writes["qos"] == "high" and writes["min_nodes"] == 2
+    assert writes["partition"] == "gpu_h100,gpu_a100"
+
+
+def _write_large(tmp_path: Path, body: str, params: Path | None = None) -> Path:
+    head, _, _ = LARGE.read_text().partition("[workload]")
+    conf = ROOT / "site-configs"
+    p = tmp_path / "w.toml"
+    p.write_text(head.replace('site = "validate-site-large.toml"',
+                              f'site = "{conf / "validate-site-large.toml"}"')
+                 .replace('params = "validate-params-large.toml"',
+                          f'params = "{params or conf / "validate-params-large.toml"}"')
+                 + "[workload]\njobs = [\n" + body + "\n]\n")
+    return p
+
+
+def test_a_high_priority_job_starts_before_an_earlier_normal_one(tmp_path: Path) -> None:
+    # Four 8-core CPU jobs fill the four CPU nodes (CPU jobs stay there under both
+    # policies); the first ends at 0.4 + 20 s, the others at 30.4 s. N (normal) is queued
+    # at 1 s, H (high) at 2 s: H takes the node freed at 20.4 s, N the next at 30.4 s.
+    fill = "\n".join(f'{{ id = "f{k}", submit = 0, gpus = 0, cores = 8, runtime = {rt}, '
+                     'limit_min = 1 },' for k, rt in enumerate((20, 30, 30, 30)))
+    p = _write_large(tmp_path, fill + '\n'
+                     '{ id = "n", submit = 1, gpus = 0, cores = 8, runtime = 10, limit_min = 1 },\n'
+                     '{ id = "h", submit = 2, gpus = 0, cores = 8, runtime = 10, limit_min = 1, '
+                     'priority = "high" }')
+    w, pl = _plan(p)
+    for policy in v.POLICIES:
+        out = v.simulate_plan(w, pl, policy)
+        assert out.start[-1] == pytest.approx(20.4) and out.start[-2] == pytest.approx(30.4)
+
+
+@pytest.mark.parametrize(("job", "message"), [
+    ('{ id = "a", submit = 0, class = "train", gpus = 6, nodes = 4, cores = 2, runtime = 5, '
+     'limit_min = 1 }', "6 GPUs do not split evenly over 4 nodes"),
+    ('{ id = "a", submit = 0, gpus = 0, nodes = 2, cores = 2, runtime = 5, limit_min = 1 }',
+     "a CPU job runs on one node"),
+    ('{ id = "a", submit = 0, gpus = 0, cores = 2, runtime = 5, limit_min = 1, '
+     'priority = "urgent" }', "priority = 'urgent' is not one of high, normal"),
+])
+def test_bad_nodes_and_priorities_are_refused(tmp_path: Path, job: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        v.load_workload(_write_large(tmp_path, job))
+
+
+def test_nodes_the_site_would_not_give_and_priorities_not_replayed_are_refused(
+        tmp_path: Path) -> None:
+    # 8 GPUs need two of the site's 4-GPU nodes; the file says one.
+    w = v.load_workload(_write_large(tmp_path, '{ id = "a", submit = 0, class = "train", '
+                                     'gpus = 8, cores = 2, runtime = 5, limit_min = 1 }'))
+    with pytest.raises(ConfigError, match="names 1 nodes; the site holds its 8 GPUs on 2"):
+        v.plan(w, load_site(w.site_file), load_params(w.params_file), v.POLICIES)
+    # validate-params.toml maps no priority and slurm-default ignores it there.
+    w = v.load_workload(_write_large(
+        tmp_path, '{ id = "a", submit = 0, gpus = 0, cores = 2, runtime = 5, limit_min = 1, '
+                  'priority = "high" }', ROOT / "site-configs" / "validate-params.toml"))
+    with pytest.raises(ConfigError, match=r"priority high, which .* does not replay.*"
+                                          r"off in slurm-default"):
+        v.plan(w, load_site(w.site_file), load_params(w.params_file), v.POLICIES)
+
+
+def test_cli_slurm_release_goes_with_a_testbed_run_only() -> None:
+    both = CliRunner().invoke(cli, ["simulate", "--validate", str(SMALL), "--sim-only",
+                                    "--slurm", "24.11"])
+    assert both.exit_code == 2 and "--slurm: not with --sim-only" in both.output
+    bad = CliRunner().invoke(cli, ["simulate", "--validate", str(SMALL), "--slurm", "23.02"])
+    assert bad.exit_code == 2 and "Slurm 23.02 is not supported" in bad.output
+    alone = CliRunner().invoke(cli, ["simulate", "--slurm", "24.11"])
+    assert alone.exit_code == 2 and "go with --validate" in alone.output
+
+
+def test_the_first_node_of_a_node_list_is_the_batch_host() -> None:
+    assert v._first_node("gpu[3,5]") == "gpu3" and v._first_node("cpu2") == "cpu2"
+    assert v._first_node("gpu[") is None
+    site = load_site(ROOT / "site-configs" / "validate-site-large.toml")
+    assert v._models(["gpu[3,5]", "gpu[7-8]", "cpu1"], site) == ["a100", "h100", "cpu"]
