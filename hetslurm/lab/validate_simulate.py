@@ -440,8 +440,8 @@ class _Submitted:
 
 def run_testbed(w: Workload, pl: Plan, policy: str, root: Path, *,
                 progress: Progress | None = None, log: Log | None = None,
-                slurm: str | None = None) -> Outcome:
-    """Boot the testbed in ``root`` for ``policy`` (Slurm release ``slurm``, default the
+                release: str | None = None) -> Outcome:
+    """Boot the testbed in ``root`` for ``policy`` (Slurm release ``release``, default the
     host's), submit the workload at its offsets, wait for every job, read sacct, bring the
     testbed down.
 
@@ -453,7 +453,7 @@ def run_testbed(w: Workload, pl: Plan, policy: str, root: Path, *,
     from hetslurm.testbed.procs import marked_pids
 
     say = log or (lambda _m: None)
-    bed = _policy_testbed(root, policy, w.scheduler_parameters, say, slurm)
+    bed = _policy_testbed(root, policy, w.scheduler_parameters, say, release)
     if bed.running().get(SLURMCTLD):
         raise TestbedError(f"a testbed runs in {root}; bring it down or use another --dir")
     model = ClusterModel.from_site(pl.site)
@@ -639,7 +639,8 @@ def validate(
             bed: Outcome | None = None
             if not sim_only:
                 t = time.monotonic()
-                bed = run_testbed(w, pl, p, root, progress=progress, log=log, slurm=slurm)
+                bed = run_testbed(w, pl, p, root, progress=progress, log=log,
+                                  release=slurm)
                 entry["testbed"] = bed.figures()
                 entry["testbed_models"] = _count(_models(bed.where, site))
                 entry["testbed_seconds"] = round(time.monotonic() - t, 1)
@@ -692,7 +693,7 @@ def _hold_extra(bed: Outcome, runtimes: Sequence[Mapping[int, float]],
     index = {n.name: i for i, n in enumerate(site.nodes)}
     extra = []
     for i, nodes in enumerate(bed.where):
-        node = index.get(_first_node(nodes))
+        node = index.get(_first_node(nodes) or "")
         secs = runtimes[i].get(int(model.gpu_model[node])) if node is not None else None
         if secs is not None and math.isfinite(secs):
             extra.append(bed.end[i] - bed.start[i] - secs)
