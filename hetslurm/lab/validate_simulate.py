@@ -256,11 +256,10 @@ def plan(w: Workload, site: Site, params: Params, policies: Sequence[str]) -> Pl
         for name, pol in params.policies.items()})
     # A priority the testbed submits (--qos / #HET priority=) must be one the simulator
     # replays: every policy orders by it, and the parameter file maps it to itself.
+    off = [p for p in policies if not params.policy(p).use_priority]
     for wj in w.jobs:
-        if wj.priority == "normal":
-            continue
-        off = [p for p in policies if not params.policy(p).use_priority]
-        if params.priority_by_qos.get(wj.priority) != wj.priority or off:
+        if wj.priority != "normal" and (
+                off or params.priority_by_qos.get(wj.priority) != wj.priority):
             raise ConfigError(
                 f"{w.path}: job {wj.id} has priority {wj.priority}, which {params.path} "
                 f"does not replay (needs [jobs] priority_by_qos = {{ {wj.priority} = "

@@ -19,14 +19,18 @@ from __future__ import annotations
 import argparse
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
-#: (kind, share, [(gpus, nodes, share)] or [(cores, share)], runtime range on the A100 in s)
-TRAIN_GPUS = ((1, 1, 0.35), (2, 1, 0.30), (4, 1, 0.20), (8, 2, 0.15))
-INFER_GPUS = ((1, 1, 0.60), (2, 1, 0.40))
-CPU_CORES = ((1, 0.40), (2, 0.35), (4, 0.25))
+T = TypeVar("T")
+
+#: Share of each kind of job, then per kind: {(GPUs, nodes): share} or {cores: share}.
 SHARES = {"train": 0.40, "inference": 0.25, "cpu": 0.35}
+TRAIN_GPUS = {(1, 1): 0.35, (2, 1): 0.30, (4, 1): 0.20, (8, 2): 0.15}
+INFER_GPUS = {(1, 1): 0.60, (2, 1): 0.40}
+CPU_CORES = {1: 0.40, 2: 0.35, 4: 0.25}
+#: Runtime range on the A100 (the reference model), seconds, per kind.
 RUNTIME = {"train": (6.0, 34.0), "inference": (5.0, 24.0), "cpu": (6.0, 36.0)}
 CORES_PER_GPU = 2
 HIGH_SHARE = 0.15
@@ -48,13 +52,14 @@ class Drawn:
     priority: str
 
 
-def _pick(rng: random.Random, options: Sequence[tuple[object, ...]]) -> tuple[object, ...]:
+def _pick(rng: random.Random, shares: Mapping[T, float]) -> T:
+    """One key, with probability its share (one draw of ``rng``)."""
     r, acc = rng.random(), 0.0
-    for opt in options:
-        acc += float(opt[-1])  # type: ignore[arg-type]
+    for key, share in shares.items():
+        acc += share
         if r < acc:
-            return opt
-    return options[-1]
+            return key
+    return key
 
 
 def draw(n: int, seed: int) -> list[Drawn]:
@@ -68,15 +73,14 @@ def draw(n: int, seed: int) -> list[Drawn]:
             phase += 1
             phase_end += PHASES[phase][0]
         t += rng.expovariate(PHASES[phase][1])
-        kind = str(_pick(rng, [(k, s) for k, s in SHARES.items()])[0])
+        kind = _pick(rng, SHARES)
         lo, hi = RUNTIME[kind]
         runtime = round(rng.uniform(lo, hi))
         if kind == "cpu":
-            cores = int(_pick(rng, CPU_CORES)[0])  # type: ignore[call-overload]
+            cores = _pick(rng, CPU_CORES)
             gpus, nodes, cls = 0, 1, None
         else:
-            g = _pick(rng, TRAIN_GPUS if kind == "train" else INFER_GPUS)
-            gpus, nodes = int(g[0]), int(g[1])  # type: ignore[call-overload]
+            gpus, nodes = _pick(rng, TRAIN_GPUS if kind == "train" else INFER_GPUS)
             cores, cls = CORES_PER_GPU * gpus // nodes, kind
         limit = 2 if rng.random() < LONG_LIMIT_SHARE else 1
         prio = "high" if rng.random() < HIGH_SHARE else "normal"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -46,15 +47,17 @@ def test_committed_workloads_load_and_every_job_is_replayable(path: Path) -> Non
         assert slowest + w.hold_extra_s <= wj.limit_min * 60
 
 
-def _write(tmp_path: Path, body: str) -> Path:
-    text = FULL.read_text()
-    head, _, _ = text.partition("[workload]")
+def _write(tmp_path: Path, body: str, base: Path = FULL, params: str | None = None) -> Path:
+    """``base``'s head (its site and params as absolute paths, or ``params`` of
+    site-configs instead) with ``body`` as its jobs."""
+    conf = ROOT / "site-configs"
+    head, _, _ = base.read_text().partition("[workload]")
+    for key in ("site", "params"):
+        name = tomllib.loads(head)[key]
+        head = head.replace(f'{key} = "{name}"',
+                            f'{key} = "{conf / (params if key == "params" and params else name)}"')
     p = tmp_path / "w.toml"
-    p.write_text(head.replace('site = "validate-site.toml"',
-                              f'site = "{ROOT / "site-configs" / "validate-site.toml"}"')
-                 .replace('params = "validate-params.toml"',
-                          f'params = "{ROOT / "site-configs" / "validate-params.toml"}"')
-                 + "[workload]\njobs = [\n" + body + "\n]\n")
+    p.write_text(head + "[workload]\njobs = [\n" + body + "\n]\n")
     return p
 
 
@@ -290,16 +293,8 @@ def test_a_two_node_high_priority_job_submits_n_qos_or_het_words() -> None:
     assert writes["partition"] == "gpu_h100,gpu_a100"
 
 
-def _write_large(tmp_path: Path, body: str, params: Path | None = None) -> Path:
-    head, _, _ = LARGE.read_text().partition("[workload]")
-    conf = ROOT / "site-configs"
-    p = tmp_path / "w.toml"
-    p.write_text(head.replace('site = "validate-site-large.toml"',
-                              f'site = "{conf / "validate-site-large.toml"}"')
-                 .replace('params = "validate-params-large.toml"',
-                          f'params = "{params or conf / "validate-params-large.toml"}"')
-                 + "[workload]\njobs = [\n" + body + "\n]\n")
-    return p
+def _write_large(tmp_path: Path, body: str, params: str | None = None) -> Path:
+    return _write(tmp_path, body, LARGE, params)
 
 
 def test_a_high_priority_job_starts_before_an_earlier_normal_one(tmp_path: Path) -> None:
@@ -341,7 +336,7 @@ def test_nodes_the_site_would_not_give_and_priorities_not_replayed_are_refused(
     # validate-params.toml maps no priority and slurm-default ignores it there.
     w = v.load_workload(_write_large(
         tmp_path, '{ id = "a", submit = 0, gpus = 0, cores = 2, runtime = 5, limit_min = 1, '
-                  'priority = "high" }', ROOT / "site-configs" / "validate-params.toml"))
+                  'priority = "high" }', "validate-params.toml"))
     with pytest.raises(ConfigError, match=r"priority high, which .* does not replay.*"
                                           r"off in slurm-default"):
         v.plan(w, load_site(w.site_file), load_params(w.params_file), v.POLICIES)
