@@ -290,6 +290,9 @@ class Outcome:
     start: list[float]
     end: list[float]
     where: list[str]
+    #: The wall clock (epoch seconds) at time 0, the first submission: set for a testbed
+    #: run (the simulator replays the same clock phase, :func:`clock_phase`).
+    clock0: float | None = None
 
     @property
     def waits(self) -> list[float]:
@@ -308,12 +311,26 @@ class Outcome:
         }
 
 
+def clock_phase(clock0: float) -> float:
+    """Seconds past a multiple of the will-run test's 30 s at wall-clock time ``clock0``
+    (cons_tres aligns its batches of running jobs to the epoch: ``end_time % 30``)."""
+    from hetslurm.simulate.slurm_backfill import WILL_RUN_WINDOW_S
+
+    return round(math.fmod(clock0, WILL_RUN_WINDOW_S), 3)
+
+
+#: The clock phases ``--validate`` also replays, for the spread the wall clock alone
+#: causes under the "batched" will-run test (every 3 s of the 30 s cycle).
+PHASES = tuple(3.0 * i for i in range(10))
+
+
 def simulate_plan(w: Workload, pl: Plan, policy: str, *, latency: bool = True,
-                  backfill: str | None = None) -> Outcome:
+                  backfill: str | None = None, clock_phase_s: float = 0.0) -> Outcome:
     """Replay ``policy``'s jobs with ``backfill`` (default: the workload's); with
     ``latency`` a job reaches the scheduler ``start_latency_s`` after its submission and
     holds its allocation ``hold_extra_s`` longer than it sleeps (the workload's
-    ``[model]``); waits count from the submission."""
+    ``[model]``); waits count from the submission. ``clock_phase_s``: the wall clock's
+    seconds past a multiple of 30 s at time 0 (:func:`clock_phase`)."""
     from hetslurm.simulate.slurm_backfill import replay_slurm
 
     model = node_weights(ClusterModel.from_site(pl.site), pl.params.policy(policy),
@@ -326,7 +343,8 @@ def simulate_plan(w: Workload, pl: Plan, policy: str, *, latency: bool = True,
     parts = {name: partition_nodes(pl.site, model, name) for name in partition_names(jobs)}
     if (backfill or w.backfill) == "slurm":
         res = replay_slurm(model, jobs, parts, backfill_depth=pl.params.backfill_depth,
-                           window_s=pl.params.backfill_window_s)
+                           window_s=pl.params.backfill_window_s,
+                           will_run=pl.params.will_run, clock_phase_s=clock_phase_s)
     else:
         res = replay(model, jobs, parts, backfill_depth=pl.params.backfill_depth)
     if res.unfinished:
@@ -470,6 +488,7 @@ def run_testbed(w: Workload, pl: Plan, policy: str, root: Path, *,
         bed.up(w.site_file)
         slurm = bed.slurm()
         t0 = time.monotonic()
+        clock0 = time.time()
         for i, (wj, path) in enumerate(zip(w.jobs, paths, strict=True)):
             delay = t0 + wj.submit - time.monotonic()
             if delay > 0:
@@ -480,7 +499,7 @@ def run_testbed(w: Workload, pl: Plan, policy: str, root: Path, *,
                 progress(f"{policy}: submitted", i + 1, len(w.jobs))
         budget = 3 * sum(wj.limit_min * 60 for wj in w.jobs) / 4 + 300
         _wait_done(slurm, sub, policy, budget, progress)
-        out = _sacct(slurm, sub, len(w.jobs))
+        out = replace(_sacct(slurm, sub, len(w.jobs)), clock0=clock0)
     finally:
         say(f"{policy}: bringing the testbed down")
         bed.down()
@@ -627,15 +646,8 @@ def validate(
     began = time.monotonic()
     try:
         for p in policies:
-            sim = simulate_plan(w, pl, p)
-            raw = simulate_plan(w, pl, p, latency=False)
-            other = next(b for b in BACKFILLS if b != w.backfill)
-            alt = simulate_plan(w, pl, p, backfill=other)
-            entry: dict[str, Any] = {"sim": sim.figures(),
-                                     "sim_without_latency": raw.figures(),
-                                     f"sim_{other}_backfill": alt.figures(),
-                                     "sim_models": _count(sim.where)}
             bed: Outcome | None = None
+            entry: dict[str, Any] = {}
             if not sim_only:
                 t = time.monotonic()
                 bed = run_testbed(w, pl, p, root, progress=progress, log=log,
@@ -644,6 +656,18 @@ def validate(
                 entry["testbed_models"] = _count(_models(bed.where, site))
                 entry["testbed_seconds"] = round(time.monotonic() - t, 1)
                 entry["testbed_hold_extra_s"] = _hold_extra(bed, pl.runtimes, site)
+            # The testbed's clock phase, replayed (0 without a testbed run).
+            phase = clock_phase(bed.clock0) if bed is not None and bed.clock0 else 0.0
+            sim = simulate_plan(w, pl, p, clock_phase_s=phase)
+            raw = simulate_plan(w, pl, p, latency=False, clock_phase_s=phase)
+            other = next(b for b in BACKFILLS if b != w.backfill)
+            alt = simulate_plan(w, pl, p, backfill=other, clock_phase_s=phase)
+            entry = {"sim": sim.figures(), "sim_clock_phase_s": phase,
+                     "sim_without_latency": raw.figures(),
+                     f"sim_{other}_backfill": alt.figures(),
+                     "sim_models": _count(sim.where), **entry}
+            if w.backfill == "slurm" and pl.params.will_run == "batched":
+                entry["sim_clock_phases"] = _phase_spread(w, pl, p)
             entry["per_job"] = _per_job(w, sim, bed)
             for r in compare(sim.figures(), None if bed is None else bed.figures(), w.target):
                 rows.append({"policy": p, **r})
@@ -664,6 +688,21 @@ def validate(
         "seconds": round(time.monotonic() - began, 1),
     }
     return ValidationResult(rows, meta, per)
+
+
+def _phase_spread(w: Workload, pl: Plan, policy: str) -> dict[str, Any]:
+    """The simulator's figures at every clock phase of :data:`PHASES`: per measure the
+    median, min and max (what the wall clock alone moves under the "batched" will-run
+    test), and each phase's figures."""
+    rows = {ph: simulate_plan(w, pl, policy, clock_phase_s=ph).figures() for ph in PHASES}
+    out: dict[str, Any] = {"phases_s": list(PHASES)}
+    for key in ("mean_wait_s", "makespan_s"):
+        vals = sorted(float(r[key]) for r in rows.values())
+        n = len(vals)
+        med = vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
+        out[key] = {"median": round(med, 2), "min": vals[0], "max": vals[-1],
+                    "per_phase": [rows[ph][key] for ph in PHASES]}
+    return out
 
 
 def _per_job(w: Workload, sim: Outcome, bed: Outcome | None) -> list[dict[str, Any]]:

@@ -23,6 +23,10 @@ SCHEMA = "hetslurm-simulate-params/1"
 #: (:mod:`hetslurm.simulate.slurm_backfill`, what ``simulate --validate`` checks against
 #: the testbed), and ``easy``, EASY backfill (:mod:`hetslurm.simulate.easy`).
 BACKFILLS = ("slurm", "easy")
+#: How the ``slurm`` model finds a pending job's start: "exact", the earliest time it fits
+#: beside the running jobs' planned ends and the pass's reservations; "batched", as
+#: cons_tres's will-run test finds it (:func:`hetslurm.simulate.slurm_backfill._will_run`).
+WILL_RUN = ("exact", "batched")
 #: The policies a parameter file may define: four Slurm configurations a careful admin
 #: could build without hetslurm (:data:`BASELINES`), then hetslurm's.
 POLICIES = ("slurm-default", "slurm-cpu-partition", "slurm-speed-weights", "slurm-tuned",
@@ -127,6 +131,14 @@ class Params:
     #: The seed of the replay's random choices (the class drawn for a job the trace leaves
     #: untyped); not in the file: ``simulate --seed``. 0 is the draw of earlier releases.
     seed: int = 0
+    #: How the ``slurm`` model finds a pending job's start (``[scheduler] will_run``,
+    #: :data:`WILL_RUN`): "exact" (default) or "batched",
+    #: cons_tres's will-run test.
+    will_run: str = "exact"
+    #: Seconds past a multiple of 30 s of the wall clock at the replay's time 0 (the
+    #: "batched" will-run test aligns its batches to the wall clock); not in the file:
+    #: ``simulate --validate`` sets it from the testbed's first submission.
+    clock_phase_s: float = 0.0
 
     def with_speed_exponent(self, exponent: float) -> Params:
         """The same assumptions with every ``[speeds]`` value raised to ``exponent``.
@@ -313,6 +325,7 @@ def load_params(path: str | Path) -> Params:
         backfill_depth=s.int_("backfill_depth", 0),
         backfill=s.str_("backfill", BACKFILLS),
         backfill_window_s=s.num("backfill_window_s", 1.0),
+        will_run=s.str_("will_run", WILL_RUN) if "will_run" in s.data else "exact",
         policies=policies,
         bounded_mean_wait_s=m.num("bounded_mean_wait_s", 1e-9),
     )

@@ -65,7 +65,8 @@ def backfill_model(params: Params, name: str | None = None) -> Backfill:
     """The loop's plug-in for the backfill model ``name`` (default: ``[scheduler]
     backfill``), with the parameter file's depth and window."""
     if (name or params.backfill) == "slurm":
-        return SlurmRules(params.backfill_depth, params.backfill_window_s)
+        return SlurmRules(params.backfill_depth, params.backfill_window_s,
+                          will_run=params.will_run, clock_phase_s=params.clock_phase_s)
     return Easy(params.backfill_depth)
 
 

@@ -38,6 +38,8 @@ import numpy.typing as npt
 from hetslurm.placement.model import StateArrays
 from hetslurm.placement.spans import NodeSpans
 from hetslurm.simulate.loop import (
+    ASK,
+    YES,
     Alloc,
     Disagreement,
     Pending,
@@ -51,6 +53,7 @@ from hetslurm.simulate.loop import (
     try_place,
 )
 from hetslurm.simulate.loop import replay as replay_loop
+from hetslurm.simulate.params import WILL_RUN
 
 if TYPE_CHECKING:
     from hetslurm.placement.model import ClusterModel
@@ -115,8 +118,12 @@ class SlurmRules:
 
     fcfs = False
 
-    def __init__(self, depth: int, window_s: float = math.inf) -> None:
-        self.depth, self.window_s = depth, window_s
+    def __init__(self, depth: int, window_s: float = math.inf, *,
+                 will_run: str = "exact", clock_phase_s: float = 0.0) -> None:
+        if will_run not in WILL_RUN:
+            raise ValueError(f"will_run is {will_run!r}; one of {', '.join(WILL_RUN)}")
+        self.depth, self.window_s, self.will_run = depth, window_s, will_run
+        self.phase = clock_phase_s
         self.memo = _PassMemo()
         self.ix: _ShapeIndex | None = None
         self.hopeless = np.zeros(0)
@@ -136,6 +143,9 @@ class SlurmRules:
         picks are answered in one compiled call (``NodeSpans.reserve_ones``), up to the
         first that could start now."""
         if self.depth <= 0:
+            return
+        if self.will_run == "batched":
+            self._run_batched(t, r, pending, started)
             return
         if self.ix is None or self.ix.replay is not r:
             self.ix = _ShapeIndex.of(r)
@@ -280,6 +290,43 @@ class SlurmRules:
             forget_raws()
         memo.at = -1 if len(started) > start_count else r.version
         memo.tested = tested_now
+
+
+    def _run_batched(self, t: float, r: Replay, pending: list[Pending],
+                     started: set[int]) -> None:
+        """The pass as ``sched/backfill`` and cons_tres's will-run test run it
+        (:func:`_try_later`), one job at a time: the first ``depth`` jobs the main
+        scheduler left, in priority order, each started now on the nodes the map leaves it,
+        else given a whole-node reservation at the will-run test's start, within the
+        window."""
+        window_end = t + self.window_s
+        space = _NodeSpace(r.model.n_nodes, t, window_end)
+        weight = r.model.weight
+        head_n = self.depth + len(started)
+        cands = [(q, e[2]) for q, e in enumerate(pending[:head_n]) if q not in started]
+        for q, pos in cands[: self.depth]:
+            sh = r.shapes[pos]
+            limit = float(r.jobs[pos].time_limit)
+            found = _try_later(t, r, sh, space, limit, window_end, weight, self.phase)
+            if found is None:
+                continue
+            when, use, nodes = found
+            if when == t:
+                part = r.masks[sh.part].astype(bool)
+                if bool(np.all(use | ~part)):
+                    ok = r.start_now(pos, t, ranked=False)
+                else:
+                    alloc = _core_place(r, sh, r.now, use)
+                    r.start(pos, alloc, t)
+                    r.cores_now.touched(alloc.nodes, None, r.now)
+                    ok = True
+                if not ok:
+                    raise Disagreement("a backfill start", sh, np.flatnonzero(use).tolist())
+                r.stats.backfilled += 1
+                started.add(q)
+            else:
+                space.add(nodes, when, when + limit)
+                r.stats.reservations += 1
 
 
 def _earliest_fits(r: Replay, sh: Shape, t: float, out: npt.NDArray[np.float64]) -> None:
@@ -466,10 +513,256 @@ def _probe_core(t: float, cx: Replay, sh: Shape, resv: NodeSpans, limit: float,
 
 def replay_slurm(model: ClusterModel, jobs: Sequence[SimJob],
                  partitions: Mapping[str, Sequence[int]], *, backfill_depth: int,
-                 load: float = 1.0, window_s: float = math.inf,
+                 load: float = 1.0, window_s: float = math.inf, will_run: str = "exact",
+                 clock_phase_s: float = 0.0,
                  progress: Callable[[int], None] | None = None) -> ReplayResult:
     """The loop with Slurm's rules (``backfill_depth``: ``bf_max_job_test``, jobs tested per
     backfill pass; ``window_s``: ``bf_window``, a job that cannot start within it gets no
-    reservation; the rest as :func:`hetslurm.simulate.loop.replay`)."""
-    return replay_loop(model, jobs, partitions, SlurmRules(backfill_depth, window_s),
+    reservation; ``will_run`` and ``clock_phase_s``: :class:`SlurmRules`; the rest as
+    :func:`hetslurm.simulate.loop.replay`)."""
+    return replay_loop(model, jobs, partitions,
+                       SlurmRules(backfill_depth, window_s, will_run=will_run,
+                                  clock_phase_s=clock_phase_s),
                        load=load, progress=progress)
+
+
+class _NodeSpace:
+    """One backfill pass's node space map (``sched/backfill``'s ``node_space``): segments
+    ``[begin, end)`` from the pass's start to the window's end, each with the nodes no
+    reservation of the pass holds then. A reservation splits the segments at its start and
+    end and takes its nodes out of those between; the map ends at the window's end, so a
+    reservation is cut there, and one that starts there takes nothing."""
+
+    def __init__(self, n: int, t: float, window_end: float) -> None:
+        self.begin = [t]
+        self.end = [window_end]
+        self.avail = [np.ones(n, dtype=bool)]
+
+    def _split(self, x: float) -> int:
+        """The index of the segment that begins at ``x``, splitting one there (``len``
+        when ``x`` is at or past the map's end)."""
+        if x >= self.end[-1]:
+            return len(self.begin)
+        x = max(x, self.begin[0])
+        i = bisect.bisect_right(self.begin, x) - 1
+        if self.begin[i] == x:
+            return i
+        self.begin.insert(i + 1, x)
+        self.end.insert(i + 1, self.end[i])
+        self.end[i] = x
+        self.avail.insert(i + 1, self.avail[i].copy())
+        return i + 1
+
+    def add(self, nodes: Sequence[int], start: float, end: float) -> None:
+        a = self._split(start)
+        b = self._split(end)
+        for i in range(a, b):
+            self.avail[i][list(nodes)] = False
+
+    def usable(self, start: float, end: float, base: npt.NDArray[np.bool_]
+               ) -> tuple[npt.NDArray[np.bool_], float]:
+        """The nodes of ``base`` free in every segment that ends after ``start`` and begins
+        by ``end`` (Slurm tests ``begin_time <= end_time``), and ``later_start``: the end of
+        the first such segment after which nodes become free that the job could not use
+        (0: none), else, as Slurm does when none is found, the end of the segment after the
+        first one beyond ``end``, if another follows it."""
+        use = base.copy()
+        later = 0.0
+        n = len(self.begin)
+        for j in range(n):
+            if self.end[j] > start and j + 1 < n and later == 0.0:
+                nxt = base & self.avail[j + 1]
+                cur = use & self.avail[j]
+                if bool(np.any(nxt & ~cur)):
+                    later = self.end[j]
+            if self.end[j] <= start:
+                continue
+            if self.begin[j] <= end:
+                use &= self.avail[j]
+            else:
+                if later == 0.0 and j + 2 < n:
+                    later = self.end[j + 1]
+                break
+        return use, later
+
+    def overlaps(self, nodes: Sequence[int], start: float, end: float) -> bool:
+        """Whether a segment overlapping ``[start, end)`` lacks one of ``nodes``
+        (``_test_resv_overlap``)."""
+        idx = list(nodes)
+        return any(self.end[j] > start and self.begin[j] < end
+                   and not bool(self.avail[j][idx].all()) for j in range(len(self.begin)))
+
+
+#: cons_tres's will-run test batches running jobs by planned end in windows from a
+#: barrier aligned to this many seconds of the wall clock, doubling the window after each
+#: failed test.
+WILL_RUN_WINDOW_S = 30
+
+
+def _will_run(t: float, r: Replay, sh: Shape, use: npt.NDArray[np.bool_], start_res: float,
+              later: float, phase: float) -> tuple[float, npt.NDArray[np.bool_]] | None:
+    """cons_tres's ``_future_run_test`` on the nodes ``use``: when it says the job can
+    start, and the nodes that hold one share of it then.
+
+    Running jobs with a node in ``use`` that are planned to end before ``start_res`` are
+    gone first; if the job fits then, it starts at ``start_res``. Else the running jobs
+    are walked in order of planned end and those with a node in ``use`` removed, a batch
+    at a time, testing after each batch. The first removed job's end, rounded up to the
+    next multiple of 30 s of the wall clock (``phase``: the clock's seconds past such a
+    multiple at time 0), is the barrier; a batch ends when the job after the last removed
+    one ends more than the window (30 s, doubled after each failed test until that job is
+    within it) after the barrier. Only that successor is checked: a job without a node in
+    ``use`` is passed over unchecked, so the job after it is removed whatever its end. No
+    job ending after ``later`` (when set) is removed. The job's start is the planned end
+    of the **last job removed**, wherever that job ran."""
+    tab = r.table
+    live = np.flatnonzero(tab.live)
+    if not len(live):
+        return None
+    jp, end = tab.pos[live], tab.end[live]
+    order = np.lexsort((jp, end))
+    ent = live[order]
+    jp, end = jp[order], end[order]
+    new_job = np.concatenate(([True], jp[1:] != jp[:-1]))
+    first = np.flatnonzero(new_job)
+    job_of = np.cumsum(new_job) - 1  # entry -> its job's index in end order
+    n_jobs = len(first)
+    job_end = end[first]
+    on_use = use[tab.node[ent]]
+    overlap = np.zeros(n_jobs, dtype=bool)
+    np.logical_or.at(overlap, job_of, on_use)
+    removed = np.zeros(n_jobs, dtype=bool)
+    n = r.model.n_nodes
+    now = r.now
+    holds = np.zeros(n, dtype=bool)
+    holds[sh.idx] = True
+    holds &= use
+
+    def fits() -> npt.NDArray[np.bool_] | None:
+        gone = ent[removed[job_of] & on_use]
+        nodes = tab.node[gone]
+        ok = holds & (now.core_cnt + np.bincount(nodes, tab.c[gone], n) >= sh.nc)
+        if sh.ng:
+            ok &= now.gpu_cnt + np.bincount(nodes, tab.g[gone], n) >= sh.ng
+        if sh.mem > 0:
+            ok &= now.mem_free + np.bincount(nodes, tab.m[gone], n) >= sh.mem
+        if int(np.count_nonzero(ok)) < sh.k:
+            return None
+        if not sh.exact:
+            state = now.copy()
+            for j in np.flatnonzero(removed).tolist():
+                state.give(r.running[int(jp[first[j]])].alloc)
+            core = new_core(r.model, state, r.masks[sh.part] & use.astype(np.uint8))
+            r.stats.core_builds += 1
+            if try_place(core, sh, r.model, False, r.stats) is None:
+                return None
+        return ok
+
+    i = 0
+    if start_res > t:
+        early = job_end < start_res
+        removed |= early & overlap
+        ok = fits()
+        if ok is not None:
+            return start_res, ok
+        i = int(np.count_nonzero(early))
+    w = WILL_RUN_WINDOW_S
+    barrier = -1.0
+    more = True
+    while more:
+        last = -1
+        nxt = -1
+        while True:
+            if i >= n_jobs:
+                more = False
+                break
+            j = i
+            i += 1
+            if later and job_end[j] > later:
+                more = False
+                break
+            if not overlap[j]:
+                continue
+            if barrier < 0:
+                e = float(job_end[j])
+                barrier = e + (w - math.fmod(e + phase, w))
+            removed[j] = True
+            last = j
+            if i >= n_jobs:
+                more = False
+                nxt = -1
+                break
+            nxt = i
+            if job_end[nxt] > barrier + w:
+                break
+        if last < 0:
+            break
+        ok = fits()
+        if ok is not None:
+            return float(job_end[last]), ok
+        w *= 2
+        while nxt >= 0 and job_end[nxt] > barrier + w:
+            w *= 2
+    return None
+
+
+def _try_later(t: float, r: Replay, sh: Shape, space: _NodeSpace, limit: float,
+               window_end: float, weight: npt.NDArray[np.int64], phase: float
+               ) -> tuple[float, npt.NDArray[np.bool_], list[int]] | None:
+    """``sched/backfill``'s test of one pending job (its ``TRY_LATER`` loop): from now, the
+    nodes the map leaves it for its limit, the will-run test's start there
+    (:func:`_will_run`), and, when the nodes that start would take overlap a reservation
+    or nodes free up at ``later_start``, again from then. Returns the start, the nodes it
+    may use (a start now) and the nodes it reserves (a later start), or None (no start
+    within the window)."""
+    base = r.masks[sh.part].astype(bool)
+    n = r.model.n_nodes
+    mult = sh.weight_term * (n + 1)
+    start_res = t
+    for _ in range(4 * n + 16):
+        if start_res > window_end:
+            return None
+        use, later = space.usable(start_res, start_res + limit, base)
+        if int(np.count_nonzero(use)) < sh.k:
+            if later:
+                start_res = later
+                continue
+            return None
+        if start_res == t:
+            fit_now = sh.check(np.where(use, r.now.gpu_cnt, -1),
+                               np.where(use, r.now.core_cnt, -1),
+                               np.where(use, r.now.mem_free, -1))
+            if fit_now == YES or (fit_now == ASK and _fits_core(r, sh, use)):
+                return t, use, []
+        found = _will_run(t, r, sh, use, start_res, later, phase)
+        if found is None:
+            if later:
+                start_res = later
+                continue
+            return None
+        when, feasible = found
+        if sh.weight_only and sh.exact and (sh.k == 1 or len(r.model.switch_parent) == 1):
+            cand = np.flatnonzero(feasible)
+            key = weight[cand] * mult + cand
+            nodes = sorted(cand[np.argsort(key, kind="stable")[: sh.k]].tolist())
+        else:
+            state = _state_at(r, np.nextafter(when, -math.inf)
+                              if when == start_res and start_res > t else when)
+            nodes = _core_place(r, sh, state, feasible).nodes.tolist()
+        if space.overlaps(nodes, when, when + limit):
+            start_res = when
+            continue
+        if later and when > later:
+            start_res = later
+            continue
+        if when > window_end:
+            return None
+        return when, use, nodes
+    return None
+
+
+def _fits_core(r: Replay, sh: Shape, use: npt.NDArray[np.bool_]) -> bool:
+    """Whether the core places ``sh`` on the free state within ``use``."""
+    core = new_core(r.model, r.now, r.masks[sh.part] & use.astype(np.uint8))
+    r.stats.core_builds += 1
+    return try_place(core, sh, r.model, False, r.stats) is not None

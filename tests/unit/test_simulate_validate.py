@@ -357,3 +357,23 @@ def test_the_first_node_of_a_node_list_is_the_batch_host() -> None:
     assert v._first_node("gpu[") is None
     site = load_site(ROOT / "site-configs" / "validate-site-large.toml")
     assert v._models(["gpu[3,5]", "gpu[7-8]", "cpu1"], site) == ["a100", "h100", "cpu"]
+
+
+def test_the_large_check_replays_the_testbeds_clock_phase_and_reports_the_spread() -> None:
+    # The 1,000-job check names cons_tres's will-run test; its batches align to the wall
+    # clock's 30 s, so the simulator replays the testbed's phase (0 without a testbed)
+    # and reports the figures at ten phases (how a phase moves a start:
+    # test_simulate_validate_backfill.py).
+    _w, pl = _plan(LARGE, 120)
+    assert pl.params.will_run == "batched"
+    assert v.clock_phase(1_765_000_024.96) == 4.96  # 1_765_000_020 is a multiple of 30
+    res = v.validate(LARGE, policies=["slurm-default"], jobs=120, sim_only=True)
+    entry = res.policies["slurm-default"]
+    assert entry["sim_clock_phase_s"] == 0.0
+    spread = entry["sim_clock_phases"]
+    assert spread["phases_s"] == [3.0 * i for i in range(10)]
+    for key in ("mean_wait_s", "makespan_s"):
+        row = spread[key]
+        assert len(row["per_phase"]) == 10
+        assert row["min"] <= row["median"] <= row["max"]
+        assert row["per_phase"][0] == entry["sim"][key]  # phase 0 is the replay's

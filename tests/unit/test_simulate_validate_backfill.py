@@ -4,17 +4,20 @@ backfill (every tested job reserved; reservations of whole nodes; failed partiti
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hetslurm.placement.model import ClusterModel
 from hetslurm.placement.place import ScoreWeights, compile_request
 from hetslurm.request.language import Request
 from hetslurm.simulate.easy import replay
+from hetslurm.simulate.loop import Replay
 from hetslurm.simulate.measures import measure
 from hetslurm.simulate.params import PolicyParams
-from hetslurm.simulate.slurm_backfill import replay_slurm
+from hetslurm.simulate.slurm_backfill import _NodeSpace, _try_later, replay_slurm
 from hetslurm.simulate.workload import SimJob, node_weights
 from hetslurm.site.load import load_site
 
@@ -64,9 +67,11 @@ def job(model: ClusterModel, i: int, submit: float, run: float, limit: float, *,
 
 
 def starts(model: ClusterModel, jobs: list[SimJob], *, slurm: bool = True,
-           depth: int = 100) -> dict[str, tuple[float, str]]:
-    run = replay_slurm if slurm else replay
-    res = run(model, jobs, PARTS, backfill_depth=depth)
+           depth: int = 100, will_run: str = "exact") -> dict[str, tuple[float, str]]:
+    if slurm:
+        res = replay_slurm(model, jobs, PARTS, backfill_depth=depth, will_run=will_run)
+    else:
+        res = replay(model, jobs, PARTS, backfill_depth=depth)
     assert res.unfinished == 0
     return {r.job.id: (r.start, model.names[int(r.alloc.nodes[0])]) for r in res.records}
 
@@ -124,3 +129,72 @@ def test_a_blocked_partition_does_not_stop_another(model: ClusterModel) -> None:
     res = replay_slurm(model, jobs, PARTS, backfill_depth=100)
     row = measure(model, res)
     assert row["jobs"] == 4 and row["mean_wait_s"] == pytest.approx((0 + 0 + 49 + 0) / 4)
+
+
+# --- cons_tres's will-run test (will_run = "batched") ------------------------------------
+
+
+def test_the_batched_will_run_start_is_the_last_removed_jobs_end(model: ClusterModel) -> None:
+    # t=0: j0 (3 GPUs, limit 60) on g1, j1 (CPU, limit 70) on c1, j2 (4 GPUs, limit 200)
+    # on g2. t=1: j3 (4 GPUs) cannot start. The exact rule reserves g1 from j0's end, 60,
+    # so j4 (1 GPU, limit 60, from t=2) may not take g1's free GPU (it would run past 60)
+    # and starts on g1 at 60, after j3 ran 50-60. The will-run test walks the planned ends
+    # 60, 70, 200 from the barrier 90 (60 rounded up to the clock's 30 s): it removes j0,
+    # passes over j1 unchecked (no node in j3's partition), so it removes j2 too, whatever
+    # its end; j3 fits then and is planned from j2's end, 200. That reservation leaves j4
+    # g1's free GPU at once.
+    jobs = [job(model, 0, 0, 50, 60, gpus=3), job(model, 1, 0, 65, 70, cores=4, part="cpu"),
+            job(model, 2, 0, 150, 200, gpus=4), job(model, 3, 1, 10, 100, gpus=4),
+            job(model, 4, 2, 10, 60, gpus=1)]
+    exact = starts(model, jobs)
+    batched = starts(model, jobs, will_run="batched")
+    assert exact["j3"] == batched["j3"] == (50, "g1")
+    assert exact["j4"] == (60, "g1")
+    assert batched["j4"] == (2, "g1")
+
+
+@pytest.mark.parametrize(("phase", "start"), [(0.0, 100.0), (20.0, 100.0), (25.0, 60.0)])
+def test_the_will_run_batches_follow_the_wall_clock(model: ClusterModel, phase: float,
+                                                    start: float) -> None:
+    # j0 (limit 60) on g1 and j1 (limit 100) on g2 from t=0; at t=1 j2 (4 GPUs) fits once
+    # j0 is gone. The barrier is 60 rounded up to the next 30 s of the wall clock: with
+    # the clock at a multiple of 30 at t=0 (phase 0) it is 90 and the first batch takes
+    # every end up to 120, j1's 100 included, so j2 starts at 100; at phase 20 the barrier
+    # is 70 and the batch ends at 100, j1 still in; at phase 25 it is 65, the batch ends at
+    # 95 and holds j0 alone: j2 starts at 60. On g1 each time (both nodes hold it; g1 first).
+    jobs = [job(model, 0, 0, 50, 60, gpus=4), job(model, 1, 0, 90, 100, gpus=4),
+            job(model, 2, 1, 10, 60, gpus=4)]
+    r = Replay(model, jobs, PARTS, 1.0)
+    assert r.start_now(0, 0.0, ranked=False) and r.start_now(1, 0.0, ranked=False)
+    got = _try_later(1.0, r, r.shapes[2], _NodeSpace(model.n_nodes, 1.0, math.inf), 60.0,
+                     math.inf, model.weight, phase)
+    assert got is not None
+    assert (got[0], got[2]) == (start, [0])
+
+
+def test_the_node_space_map_ends_at_the_window() -> None:
+    # The map of a pass at 0 with a 60 s window. A reservation from 60 takes nothing (the
+    # map ends there: Slurm's _add_reservation finds no segment to split); one from 30 to
+    # 90 is cut at 60.
+    base = np.ones(3, dtype=bool)
+    sp = _NodeSpace(3, 0.0, 60.0)
+    sp.add([0], 60.0, 120.0)
+    assert (sp.begin, sp.end) == ([0.0], [60.0])
+    assert sp.usable(0.0, 60.0, base)[0].all()
+    sp.add([1], 30.0, 90.0)
+    assert (sp.begin, sp.end) == ([0.0, 30.0], [30.0, 60.0])
+    # A job ending exactly where the reservation begins may not use its nodes (Slurm tests
+    # begin_time <= end_time), one ending a second earlier may; the overlap test after
+    # the will-run test is strict (begin < end).
+    assert sp.usable(0.0, 30.0, base)[0].tolist() == [True, False, True]
+    assert sp.usable(0.0, 29.0, base)[0].all()
+    assert not sp.overlaps([1], 0.0, 30.0) and sp.overlaps([1], 0.0, 31.0)
+
+
+def test_the_node_space_map_says_when_nodes_free_up() -> None:
+    # g1 reserved until 20: a job from 0 for 30 s may use g2 only, and later_start is 20,
+    # where g1 becomes free (Slurm tries again from there).
+    sp = _NodeSpace(2, 0.0, 60.0)
+    sp.add([0], 0.0, 20.0)
+    use, later = sp.usable(0.0, 30.0, np.ones(2, dtype=bool))
+    assert use.tolist() == [False, True] and later == 20.0
