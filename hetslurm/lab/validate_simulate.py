@@ -324,13 +324,23 @@ def clock_phase(clock0: float) -> float:
 PHASES = tuple(3.0 * i for i in range(10))
 
 
+def version_tuple(version: str | None) -> tuple[int, ...] | None:
+    """``"24.11.5"`` as ``(24, 11, 5)``; None for an unknown version."""
+    if not version:
+        return None
+    nums = re.findall(r"\d+", version)
+    return tuple(int(x) for x in nums[:3]) or None
+
+
 def simulate_plan(w: Workload, pl: Plan, policy: str, *, latency: bool = True,
-                  backfill: str | None = None, clock_phase_s: float = 0.0) -> Outcome:
+                  backfill: str | None = None, clock_phase_s: float = 0.0,
+                  slurm_version: tuple[int, ...] | None = None) -> Outcome:
     """Replay ``policy``'s jobs with ``backfill`` (default: the workload's); with
     ``latency`` a job reaches the scheduler ``start_latency_s`` after its submission and
     holds its allocation ``hold_extra_s`` longer than it sleeps (the workload's
     ``[model]``); waits count from the submission. ``clock_phase_s``: the wall clock's
-    seconds past a multiple of 30 s at time 0 (:func:`clock_phase`)."""
+    seconds past a multiple of 30 s at time 0 (:func:`clock_phase`); ``slurm_version``:
+    the Slurm whose will-run test the "batched" model follows (None: the newest)."""
     from hetslurm.simulate.slurm_backfill import replay_slurm
 
     model = node_weights(ClusterModel.from_site(pl.site), pl.params.policy(policy),
@@ -344,7 +354,8 @@ def simulate_plan(w: Workload, pl: Plan, policy: str, *, latency: bool = True,
     if (backfill or w.backfill) == "slurm":
         res = replay_slurm(model, jobs, parts, backfill_depth=pl.params.backfill_depth,
                            window_s=pl.params.backfill_window_s,
-                           will_run=pl.params.will_run, clock_phase_s=clock_phase_s)
+                           will_run=pl.params.will_run, clock_phase_s=clock_phase_s,
+                           slurm_version=slurm_version)
     else:
         res = replay(model, jobs, parts, backfill_depth=pl.params.backfill_depth)
     if res.unfinished:
@@ -638,6 +649,7 @@ def validate(
     rows: list[dict[str, Any]] = []
     per: dict[str, dict[str, Any]] = {}
     release: dict[str, str | None] = {}
+    tb = None
     if not sim_only:
         from hetslurm.testbed.cluster import Testbed
 
@@ -656,18 +668,26 @@ def validate(
                 entry["testbed_models"] = _count(_models(bed.where, site))
                 entry["testbed_seconds"] = round(time.monotonic() - t, 1)
                 entry["testbed_hold_extra_s"] = _hold_extra(bed, pl.runtimes, site)
-            # The testbed's clock phase, replayed (0 without a testbed run).
+            # The testbed's clock phase and Slurm version, replayed (without a testbed run:
+            # phase 0, the newest Slurm's rules). A root built by the run has its version
+            # only now.
             phase = clock_phase(bed.clock0) if bed is not None and bed.clock0 else 0.0
-            sim = simulate_plan(w, pl, p, clock_phase_s=phase)
-            raw = simulate_plan(w, pl, p, latency=False, clock_phase_s=phase)
+            if tb is not None and not release.get("slurm_version"):
+                release["slurm_version"] = tb.slurm_version()
+            version = version_tuple(release.get("slurm_version"))
+            sim = simulate_plan(w, pl, p, clock_phase_s=phase, slurm_version=version)
+            raw = simulate_plan(w, pl, p, latency=False, clock_phase_s=phase,
+                                slurm_version=version)
             other = next(b for b in BACKFILLS if b != w.backfill)
-            alt = simulate_plan(w, pl, p, backfill=other, clock_phase_s=phase)
+            alt = simulate_plan(w, pl, p, backfill=other, clock_phase_s=phase,
+                                slurm_version=version)
             entry = {"sim": sim.figures(), "sim_clock_phase_s": phase,
+                     "sim_slurm_version": release.get("slurm_version") or "newest",
                      "sim_without_latency": raw.figures(),
                      f"sim_{other}_backfill": alt.figures(),
                      "sim_models": _count(sim.where), **entry}
             if w.backfill == "slurm" and pl.params.will_run == "batched":
-                entry["sim_clock_phases"] = _phase_spread(w, pl, p)
+                entry["sim_clock_phases"] = _phase_spread(w, pl, p, version)
             entry["per_job"] = _per_job(w, sim, bed)
             for r in compare(sim.figures(), None if bed is None else bed.figures(), w.target):
                 rows.append({"policy": p, **r})
@@ -690,11 +710,13 @@ def validate(
     return ValidationResult(rows, meta, per)
 
 
-def _phase_spread(w: Workload, pl: Plan, policy: str) -> dict[str, Any]:
+def _phase_spread(w: Workload, pl: Plan, policy: str,
+                  version: tuple[int, ...] | None) -> dict[str, Any]:
     """The simulator's figures at every clock phase of :data:`PHASES`: per measure the
     median, min and max (what the wall clock alone moves under the "batched" will-run
     test), and each phase's figures."""
-    rows = {ph: simulate_plan(w, pl, policy, clock_phase_s=ph).figures() for ph in PHASES}
+    rows = {ph: simulate_plan(w, pl, policy, clock_phase_s=ph, slurm_version=version).figures()
+            for ph in PHASES}
     out: dict[str, Any] = {"phases_s": list(PHASES)}
     for key in ("mean_wait_s", "makespan_s"):
         vals = sorted(float(r[key]) for r in rows.values())

@@ -119,11 +119,14 @@ class SlurmRules:
     fcfs = False
 
     def __init__(self, depth: int, window_s: float = math.inf, *,
-                 will_run: str = "exact", clock_phase_s: float = 0.0) -> None:
+                 will_run: str = "exact", clock_phase_s: float = 0.0,
+                 slurm_version: tuple[int, ...] | None = None) -> None:
         if will_run not in WILL_RUN:
             raise ValueError(f"will_run is {will_run!r}; one of {', '.join(WILL_RUN)}")
         self.depth, self.window_s, self.will_run = depth, window_s, will_run
         self.phase = clock_phase_s
+        #: The "batched" test as Slurm ``slurm_version`` runs it (None: the newest).
+        self.relevant = slurm_version is None or tuple(slurm_version) >= LAST_RELEVANT_SINCE
         self.memo = _PassMemo()
         self.ix: _ShapeIndex | None = None
         self.hopeless = np.zeros(0)
@@ -295,36 +298,39 @@ class SlurmRules:
     def _run_batched(self, t: float, r: Replay, pending: list[Pending],
                      started: set[int]) -> None:
         """The pass as ``sched/backfill`` and cons_tres's will-run test run it
-        (:func:`_try_later`), one job at a time: the first ``depth`` jobs the main
-        scheduler left, in priority order, each started now on the nodes the map leaves it,
-        else given a whole-node reservation at the will-run test's start, within the
-        window."""
+        (:func:`_try_later`): the jobs the main scheduler left, in priority order, one
+        test per job and partition (a job of ranked partitions is tested in each, in its
+        order, and may hold a reservation in each: Slurm's default, without
+        ``bf_one_resv_per_job``), up to ``depth`` tests; each started now on the nodes the
+        map leaves it, else given a whole-node reservation at the will-run test's start,
+        within the window."""
         window_end = t + self.window_s
         space = _NodeSpace(r.model.n_nodes, t, window_end)
         weight = r.model.weight
-        head_n = self.depth + len(started)
-        cands = [(q, e[2]) for q, e in enumerate(pending[:head_n]) if q not in started]
-        for q, pos in cands[: self.depth]:
-            sh = r.shapes[pos]
-            limit = float(r.jobs[pos].time_limit)
-            found = _try_later(t, r, sh, space, limit, window_end, weight, self.phase)
-            if found is None:
+        tests = 0
+        for q, e in enumerate(pending):
+            if tests >= self.depth:
+                break
+            if q in started:
                 continue
-            when, use, nodes = found
-            if when == t:
-                part = r.masks[sh.part].astype(bool)
-                if bool(np.all(use | ~part)):
-                    ok = r.start_now(pos, t, ranked=False)
-                else:
+            pos = e[2]
+            limit = float(r.jobs[pos].time_limit)
+            for sh in r.ranked.get(pos) or (r.shapes[pos],):
+                if tests >= self.depth:
+                    break
+                tests += 1
+                found = _try_later(t, r, sh, space, limit, window_end, weight, self.phase,
+                                   self.relevant)
+                if found is None:
+                    continue
+                when, use, nodes = found
+                if when == t:
                     alloc = _core_place(r, sh, r.now, use)
                     r.start(pos, alloc, t)
                     r.cores_now.touched(alloc.nodes, None, r.now)
-                    ok = True
-                if not ok:
-                    raise Disagreement("a backfill start", sh, np.flatnonzero(use).tolist())
-                r.stats.backfilled += 1
-                started.add(q)
-            else:
+                    r.stats.backfilled += 1
+                    started.add(q)
+                    break
                 space.add(nodes, when, when + limit)
                 r.stats.reservations += 1
 
@@ -514,15 +520,15 @@ def _probe_core(t: float, cx: Replay, sh: Shape, resv: NodeSpans, limit: float,
 def replay_slurm(model: ClusterModel, jobs: Sequence[SimJob],
                  partitions: Mapping[str, Sequence[int]], *, backfill_depth: int,
                  load: float = 1.0, window_s: float = math.inf, will_run: str = "exact",
-                 clock_phase_s: float = 0.0,
+                 clock_phase_s: float = 0.0, slurm_version: tuple[int, ...] | None = None,
                  progress: Callable[[int], None] | None = None) -> ReplayResult:
     """The loop with Slurm's rules (``backfill_depth``: ``bf_max_job_test``, jobs tested per
     backfill pass; ``window_s``: ``bf_window``, a job that cannot start within it gets no
-    reservation; ``will_run`` and ``clock_phase_s``: :class:`SlurmRules`; the rest as
-    :func:`hetslurm.simulate.loop.replay`)."""
+    reservation; ``will_run``, ``clock_phase_s`` and ``slurm_version``:
+    :class:`SlurmRules`; the rest as :func:`hetslurm.simulate.loop.replay`)."""
     return replay_loop(model, jobs, partitions,
                        SlurmRules(backfill_depth, window_s, will_run=will_run,
-                                  clock_phase_s=clock_phase_s),
+                                  clock_phase_s=clock_phase_s, slurm_version=slurm_version),
                        load=load, progress=progress)
 
 
@@ -599,8 +605,15 @@ class _NodeSpace:
 WILL_RUN_WINDOW_S = 30
 
 
+#: Slurm 25.05.1 on ("Prevent jobs running on unneeded nodes delay backfill jobs", commit
+#: 977bb2ee4f: ``_get_last_relevant_job``) plans a job from the last removed job that ran
+#: on the nodes the test chose; before, from the last removed job wherever it ran.
+LAST_RELEVANT_SINCE = (25, 5, 1)
+
+
 def _will_run(t: float, r: Replay, sh: Shape, use: npt.NDArray[np.bool_], start_res: float,
-              later: float, phase: float) -> tuple[float, npt.NDArray[np.bool_]] | None:
+              later: float, phase: float
+              ) -> tuple[float, npt.NDArray[np.bool_], npt.NDArray[np.float64]] | None:
     """cons_tres's ``_future_run_test`` on the nodes ``use``: when it says the job can
     start, and the nodes that hold one share of it then.
 
@@ -614,7 +627,9 @@ def _will_run(t: float, r: Replay, sh: Shape, use: npt.NDArray[np.bool_], start_
     within it) after the barrier. Only that successor is checked: a job without a node in
     ``use`` is passed over unchecked, so the job after it is removed whatever its end. No
     job ending after ``later`` (when set) is removed. The job's start is the planned end
-    of the **last job removed**, wherever that job ran."""
+    of the **last job removed**, wherever that job ran (Slurm before 25.05.1); also
+    returned, per node, the latest planned end of a job removed in a batch that ran there
+    (-inf: none), from which 25.05.1 on takes the start (:data:`LAST_RELEVANT_SINCE`)."""
     tab = r.table
     live = np.flatnonzero(tab.live)
     if not len(live):
@@ -658,13 +673,20 @@ def _will_run(t: float, r: Replay, sh: Shape, use: npt.NDArray[np.bool_], start_
                 return None
         return ok
 
+    def batch_ends(early: npt.NDArray[np.bool_]) -> npt.NDArray[np.float64]:
+        out = np.full(n, -math.inf)
+        sel = (removed & ~early)[job_of] & on_use
+        np.maximum.at(out, tab.node[ent[sel]], end[sel])
+        return out
+
     i = 0
+    early = np.zeros(n_jobs, dtype=bool)
     if start_res > t:
         early = job_end < start_res
         removed |= early & overlap
         ok = fits()
         if ok is not None:
-            return start_res, ok
+            return start_res, ok, np.full(n, -math.inf)
         i = int(np.count_nonzero(early))
     w = WILL_RUN_WINDOW_S
     barrier = -1.0
@@ -699,7 +721,7 @@ def _will_run(t: float, r: Replay, sh: Shape, use: npt.NDArray[np.bool_], start_
             break
         ok = fits()
         if ok is not None:
-            return float(job_end[last]), ok
+            return float(job_end[last]), ok, batch_ends(early)
         w *= 2
         while nxt >= 0 and job_end[nxt] > barrier + w:
             w *= 2
@@ -707,14 +729,16 @@ def _will_run(t: float, r: Replay, sh: Shape, use: npt.NDArray[np.bool_], start_
 
 
 def _try_later(t: float, r: Replay, sh: Shape, space: _NodeSpace, limit: float,
-               window_end: float, weight: npt.NDArray[np.int64], phase: float
+               window_end: float, weight: npt.NDArray[np.int64], phase: float,
+               relevant: bool = True
                ) -> tuple[float, npt.NDArray[np.bool_], list[int]] | None:
     """``sched/backfill``'s test of one pending job (its ``TRY_LATER`` loop): from now, the
     nodes the map leaves it for its limit, the will-run test's start there
     (:func:`_will_run`), and, when the nodes that start would take overlap a reservation
     or nodes free up at ``later_start``, again from then. Returns the start, the nodes it
     may use (a start now) and the nodes it reserves (a later start), or None (no start
-    within the window)."""
+    within the window). ``relevant``: Slurm 25.05.1 or later (:data:`LAST_RELEVANT_SINCE`):
+    the start is the latest planned end of a removed job on the nodes chosen."""
     base = r.masks[sh.part].astype(bool)
     n = r.model.n_nodes
     mult = sh.weight_term * (n + 1)
@@ -740,7 +764,7 @@ def _try_later(t: float, r: Replay, sh: Shape, space: _NodeSpace, limit: float,
                 start_res = later
                 continue
             return None
-        when, feasible = found
+        when, feasible, ends_on = found
         if sh.weight_only and sh.exact and (sh.k == 1 or len(r.model.switch_parent) == 1):
             cand = np.flatnonzero(feasible)
             key = weight[cand] * mult + cand
@@ -749,6 +773,10 @@ def _try_later(t: float, r: Replay, sh: Shape, space: _NodeSpace, limit: float,
             state = _state_at(r, np.nextafter(when, -math.inf)
                               if when == start_res and start_res > t else when)
             nodes = _core_place(r, sh, state, feasible).nodes.tolist()
+        if relevant:
+            on_chosen = float(ends_on[nodes].max())
+            if on_chosen > -math.inf:
+                when = on_chosen
         if space.overlaps(nodes, when, when + limit):
             start_res = when
             continue

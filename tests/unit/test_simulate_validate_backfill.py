@@ -67,9 +67,11 @@ def job(model: ClusterModel, i: int, submit: float, run: float, limit: float, *,
 
 
 def starts(model: ClusterModel, jobs: list[SimJob], *, slurm: bool = True,
-           depth: int = 100, will_run: str = "exact") -> dict[str, tuple[float, str]]:
+           depth: int = 100, will_run: str = "exact",
+           version: tuple[int, ...] | None = None) -> dict[str, tuple[float, str]]:
     if slurm:
-        res = replay_slurm(model, jobs, PARTS, backfill_depth=depth, will_run=will_run)
+        res = replay_slurm(model, jobs, PARTS, backfill_depth=depth, will_run=will_run,
+                           slurm_version=version)
     else:
         res = replay(model, jobs, PARTS, backfill_depth=depth)
     assert res.unfinished == 0
@@ -141,16 +143,20 @@ def test_the_batched_will_run_start_is_the_last_removed_jobs_end(model: ClusterM
     # and starts on g1 at 60, after j3 ran 50-60. The will-run test walks the planned ends
     # 60, 70, 200 from the barrier 90 (60 rounded up to the clock's 30 s): it removes j0,
     # passes over j1 unchecked (no node in j3's partition), so it removes j2 too, whatever
-    # its end; j3 fits then and is planned from j2's end, 200. That reservation leaves j4
-    # g1's free GPU at once.
+    # its end; j3 fits then and is planned from j2's end, 200 (Slurm 24.11). That
+    # reservation leaves j4 g1's free GPU at once. Slurm 25.05.1 on plans j3 from the last
+    # removed job on the node it chose, g1: j0's end, 60, and j4 waits as with the exact
+    # rule.
     jobs = [job(model, 0, 0, 50, 60, gpus=3), job(model, 1, 0, 65, 70, cores=4, part="cpu"),
             job(model, 2, 0, 150, 200, gpus=4), job(model, 3, 1, 10, 100, gpus=4),
             job(model, 4, 2, 10, 60, gpus=1)]
     exact = starts(model, jobs)
-    batched = starts(model, jobs, will_run="batched")
-    assert exact["j3"] == batched["j3"] == (50, "g1")
-    assert exact["j4"] == (60, "g1")
-    assert batched["j4"] == (2, "g1")
+    old = starts(model, jobs, will_run="batched", version=(24, 11, 5))
+    new = starts(model, jobs, will_run="batched", version=(26, 5, 5))
+    assert exact["j3"] == old["j3"] == new["j3"] == (50, "g1")
+    assert exact["j4"] == new["j4"] == (60, "g1")
+    assert old["j4"] == (2, "g1")
+    assert starts(model, jobs, will_run="batched") == new  # no version: the newest rules
 
 
 @pytest.mark.parametrize(("phase", "start"), [(0.0, 100.0), (20.0, 100.0), (25.0, 60.0)])
@@ -161,15 +167,20 @@ def test_the_will_run_batches_follow_the_wall_clock(model: ClusterModel, phase: 
     # the clock at a multiple of 30 at t=0 (phase 0) it is 90 and the first batch takes
     # every end up to 120, j1's 100 included, so j2 starts at 100; at phase 20 the barrier
     # is 70 and the batch ends at 100, j1 still in; at phase 25 it is 65, the batch ends at
-    # 95 and holds j0 alone: j2 starts at 60. On g1 each time (both nodes hold it; g1 first).
+    # 95 and holds j0 alone: j2 starts at 60. On g1 each time (both nodes hold it; g1
+    # first). Slurm 24.11's rule; 25.05.1's below.
     jobs = [job(model, 0, 0, 50, 60, gpus=4), job(model, 1, 0, 90, 100, gpus=4),
             job(model, 2, 1, 10, 60, gpus=4)]
     r = Replay(model, jobs, PARTS, 1.0)
     assert r.start_now(0, 0.0, ranked=False) and r.start_now(1, 0.0, ranked=False)
     got = _try_later(1.0, r, r.shapes[2], _NodeSpace(model.n_nodes, 1.0, math.inf), 60.0,
-                     math.inf, model.weight, phase)
+                     math.inf, model.weight, phase, relevant=False)
     assert got is not None
     assert (got[0], got[2]) == (start, [0])
+    # Slurm 25.05.1 on: the last removed job on g1, the node chosen, is j0: 60 at any phase.
+    newer = _try_later(1.0, r, r.shapes[2], _NodeSpace(model.n_nodes, 1.0, math.inf), 60.0,
+                       math.inf, model.weight, phase, relevant=True)
+    assert newer is not None and (newer[0], newer[2]) == (60.0, [0])
 
 
 def test_the_node_space_map_ends_at_the_window() -> None:
