@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import re
 import shutil
+import statistics
 import tempfile
 import time
 import tomllib
@@ -44,6 +45,7 @@ from hetslurm.simulate.workload import (
 )
 from hetslurm.site.model import Site
 from hetslurm.slurm import SlurmBackend, units
+from hetslurm.slurm.parse import parse_slurm_version
 from hetslurm.slurm.sacct import SacctRecordError
 from hetslurm.textfile import read_text_file
 
@@ -322,14 +324,6 @@ def clock_phase(clock0: float) -> float:
 #: The clock phases ``--validate`` also replays, for the spread the wall clock alone
 #: causes under the "batched" will-run test (every 3 s of the 30 s cycle).
 PHASES = tuple(3.0 * i for i in range(10))
-
-
-def version_tuple(version: str | None) -> tuple[int, ...] | None:
-    """``"24.11.5"`` as ``(24, 11, 5)``; None for an unknown version."""
-    if not version:
-        return None
-    nums = re.findall(r"\d+", version)
-    return tuple(int(x) for x in nums[:3]) or None
 
 
 def simulate_plan(w: Workload, pl: Plan, policy: str, *, latency: bool = True,
@@ -674,7 +668,8 @@ def validate(
             phase = clock_phase(bed.clock0) if bed is not None and bed.clock0 else 0.0
             if tb is not None and not release.get("slurm_version"):
                 release["slurm_version"] = tb.slurm_version()
-            version = version_tuple(release.get("slurm_version"))
+            known = release.get("slurm_version")
+            version = parse_slurm_version(known) if known else None
             sim = simulate_plan(w, pl, p, clock_phase_s=phase, slurm_version=version)
             raw = simulate_plan(w, pl, p, latency=False, clock_phase_s=phase,
                                 slurm_version=version)
@@ -719,11 +714,9 @@ def _phase_spread(w: Workload, pl: Plan, policy: str,
             for ph in PHASES}
     out: dict[str, Any] = {"phases_s": list(PHASES)}
     for key in ("mean_wait_s", "makespan_s"):
-        vals = sorted(float(r[key]) for r in rows.values())
-        n = len(vals)
-        med = vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
-        out[key] = {"median": round(med, 2), "min": vals[0], "max": vals[-1],
-                    "per_phase": [rows[ph][key] for ph in PHASES]}
+        vals = [float(rows[ph][key]) for ph in PHASES]
+        out[key] = {"median": round(statistics.median(vals), 2), "min": min(vals),
+                    "max": max(vals), "per_phase": vals}
     return out
 
 

@@ -135,10 +135,6 @@ class Params:
     #: :data:`WILL_RUN`): "exact" (default) or "batched",
     #: cons_tres's will-run test.
     will_run: str = "exact"
-    #: Seconds past a multiple of 30 s of the wall clock at the replay's time 0 (the
-    #: "batched" will-run test aligns its batches to the wall clock); not in the file:
-    #: ``simulate --validate`` sets it from the testbed's first submission.
-    clock_phase_s: float = 0.0
 
     def with_speed_exponent(self, exponent: float) -> Params:
         """The same assumptions with every ``[speeds]`` value raised to ``exponent``.

@@ -66,7 +66,7 @@ def backfill_model(params: Params, name: str | None = None) -> Backfill:
     backfill``), with the parameter file's depth and window."""
     if (name or params.backfill) == "slurm":
         return SlurmRules(params.backfill_depth, params.backfill_window_s,
-                          will_run=params.will_run, clock_phase_s=params.clock_phase_s)
+                          will_run=params.will_run)
     return Easy(params.backfill_depth)
 
 

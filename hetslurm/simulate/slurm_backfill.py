@@ -308,6 +308,7 @@ class SlurmRules:
         space = _NodeSpace(r.model.n_nodes, t, window_end)
         weight = r.model.weight
         tests = 0
+        run = _RunOrder.of(r)
         for q, e in enumerate(pending):
             if tests >= self.depth:
                 break
@@ -319,8 +320,10 @@ class SlurmRules:
                 if tests >= self.depth:
                     break
                 tests += 1
+                if run.version != r.version:
+                    run = _RunOrder.of(r)
                 found = _try_later(t, r, sh, space, limit, window_end, weight, self.phase,
-                                   self.relevant)
+                                   self.relevant, run)
                 if found is None:
                     continue
                 when, use, nodes = found
@@ -611,8 +614,34 @@ WILL_RUN_WINDOW_S = 30
 LAST_RELEVANT_SINCE = (25, 5, 1)
 
 
+@dataclass(frozen=True)
+class _RunOrder:
+    """The running jobs' table entries in order of planned end (then position), the same
+    for every job a pass tests until something starts (``version``: the replay's then):
+    per entry its job's index in that order, per job its first entry and planned end."""
+
+    version: int
+    ent: npt.NDArray[np.int64]
+    pos: npt.NDArray[np.int64]
+    end: npt.NDArray[np.float64]
+    first: npt.NDArray[np.int64]
+    job_of: npt.NDArray[np.int64]
+
+    @classmethod
+    def of(cls, r: Replay) -> _RunOrder:
+        tab = r.table
+        live = np.flatnonzero(tab.live)
+        jp, end = tab.pos[live], tab.end[live]
+        order = np.lexsort((jp, end))
+        jp, end = jp[order], end[order]
+        new_job = np.concatenate(([True], jp[1:] != jp[:-1])) if len(jp) else \
+            np.zeros(0, dtype=bool)
+        return cls(r.version, live[order], jp, end, np.flatnonzero(new_job),
+                   np.cumsum(new_job) - 1)
+
+
 def _will_run(t: float, r: Replay, sh: Shape, use: npt.NDArray[np.bool_], start_res: float,
-              later: float, phase: float
+              later: float, phase: float, run: _RunOrder | None = None
               ) -> tuple[float, npt.NDArray[np.bool_], npt.NDArray[np.float64]] | None:
     """cons_tres's ``_future_run_test`` on the nodes ``use``: when it says the job can
     start, and the nodes that hold one share of it then.
@@ -629,18 +658,14 @@ def _will_run(t: float, r: Replay, sh: Shape, use: npt.NDArray[np.bool_], start_
     job ending after ``later`` (when set) is removed. The job's start is the planned end
     of the **last job removed**, wherever that job ran (Slurm before 25.05.1); also
     returned, per node, the latest planned end of a job removed in a batch that ran there
-    (-inf: none), from which 25.05.1 on takes the start (:data:`LAST_RELEVANT_SINCE`)."""
+    (-inf: none), from which 25.05.1 on takes the start (:data:`LAST_RELEVANT_SINCE`).
+    ``run``: the pass's :class:`_RunOrder` (built here when None or stale)."""
     tab = r.table
-    live = np.flatnonzero(tab.live)
-    if not len(live):
+    if run is None or run.version != r.version:
+        run = _RunOrder.of(r)
+    if not len(run.ent):
         return None
-    jp, end = tab.pos[live], tab.end[live]
-    order = np.lexsort((jp, end))
-    ent = live[order]
-    jp, end = jp[order], end[order]
-    new_job = np.concatenate(([True], jp[1:] != jp[:-1]))
-    first = np.flatnonzero(new_job)
-    job_of = np.cumsum(new_job) - 1  # entry -> its job's index in end order
+    ent, jp, end, first, job_of = run.ent, run.pos, run.end, run.first, run.job_of
     n_jobs = len(first)
     job_end = end[first]
     on_use = use[tab.node[ent]]
@@ -730,7 +755,7 @@ def _will_run(t: float, r: Replay, sh: Shape, use: npt.NDArray[np.bool_], start_
 
 def _try_later(t: float, r: Replay, sh: Shape, space: _NodeSpace, limit: float,
                window_end: float, weight: npt.NDArray[np.int64], phase: float,
-               relevant: bool = True
+               relevant: bool = True, run: _RunOrder | None = None
                ) -> tuple[float, npt.NDArray[np.bool_], list[int]] | None:
     """``sched/backfill``'s test of one pending job (its ``TRY_LATER`` loop): from now, the
     nodes the map leaves it for its limit, the will-run test's start there
@@ -738,7 +763,8 @@ def _try_later(t: float, r: Replay, sh: Shape, space: _NodeSpace, limit: float,
     or nodes free up at ``later_start``, again from then. Returns the start, the nodes it
     may use (a start now) and the nodes it reserves (a later start), or None (no start
     within the window). ``relevant``: Slurm 25.05.1 or later (:data:`LAST_RELEVANT_SINCE`):
-    the start is the latest planned end of a removed job on the nodes chosen."""
+    the start is the latest planned end of a removed job on the nodes chosen. ``run``: the
+    pass's running jobs in end order (:class:`_RunOrder`)."""
     base = r.masks[sh.part].astype(bool)
     n = r.model.n_nodes
     mult = sh.weight_term * (n + 1)
@@ -758,7 +784,7 @@ def _try_later(t: float, r: Replay, sh: Shape, space: _NodeSpace, limit: float,
                                np.where(use, r.now.mem_free, -1))
             if fit_now == YES or (fit_now == ASK and _fits_core(r, sh, use)):
                 return t, use, []
-        found = _will_run(t, r, sh, use, start_res, later, phase)
+        found = _will_run(t, r, sh, use, start_res, later, phase, run)
         if found is None:
             if later:
                 start_res = later
