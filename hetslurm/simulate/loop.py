@@ -541,13 +541,21 @@ class Replay:
         self.cores_now.touched(rec.alloc.nodes, None, self.now)
         return rec
 
-    def start_now(self, pos: int, t: float, *, ranked: bool = True) -> bool:
+    def start_now(self, pos: int, t: float, *, ranked: bool = True,
+                  failed: set[str] | None = None) -> bool:
         """Place job ``pos`` on the free state and start it, if it fits; with ``ranked``
         (the main scheduler) in the first of its ranked partitions where it fits, as Slurm
         tries a job's partitions in order. Backfill plans and starts with the union
-        (``ranked=False``): a model of Slurm's main scheduler only (docs/simulate.md)."""
+        (``ranked=False``): a model of Slurm's main scheduler only (docs/simulate.md).
+
+        ``failed``: the main scheduler's failed partitions in this pass. A partition in it
+        is not tried; one where the job does not fit is added to it (Slurm's job queue
+        holds one record per job and partition, and a record that cannot start marks its
+        partition failed: ``PART_FLAG_SCHED_FAILED`` in job_scheduler.c ``_schedule``)."""
         alloc = None
         for sh in (self.ranked.get(pos) if ranked else None) or (self.shapes[pos],):
+            if failed is not None and sh.part in failed:
+                continue
             try:
                 alloc = self.placer.place(sh, self.now, self.cores_now, commit=True,
                                           is_now=True)
@@ -556,6 +564,8 @@ class Replay:
                 alloc = None
             if alloc is not None:
                 break
+            if failed is not None:
+                failed.add(sh.part)
         if alloc is None:
             return False
         self.start(pos, alloc, t)
@@ -565,22 +575,21 @@ class Replay:
     def main(self, t: float, pending: list[Pending], fcfs: bool) -> tuple[set[int], int]:
         """The main scheduler: pending jobs in order, each started if it fits. Returns the
         queue indices started and the head (the first that did not fit, -1 if none); with
-        ``fcfs`` it stops at the head, else it skips only later jobs of failed partitions."""
+        ``fcfs`` it stops at the head, else it skips later jobs' records in failed
+        partitions: a job of ranked fallback is tried in each of its partitions that has
+        not failed, in its order, and each where it does not fit fails (Slurm's records
+        per job and partition, adjacent in its queue: same priority, submission and id)."""
         started: set[int] = set()
         failed: set[str] = set()
         head = -1
         for q, (_, _, pos) in enumerate(pending):
-            part = self.shapes[pos].part
-            if part in failed:
-                continue
-            if self.start_now(pos, t):
+            if self.start_now(pos, t, failed=failed):
                 started.add(q)
                 continue
             if head < 0:
                 head = q
             if fcfs:
                 break
-            failed.add(part)
         return started, head
 
 

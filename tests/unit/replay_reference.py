@@ -96,15 +96,21 @@ class Ctx:
     start: Callable[[int, Alloc, float], None]
 
     def fit(self, pos: int, free: Free, usable: npt.NDArray[np.uint8] | None = None,
-            *, ranked: bool = False) -> Alloc | None:
+            *, ranked: bool = False, failed: set[str] | None = None) -> Alloc | None:
         """Where job ``pos`` fits on ``free``; with ``ranked`` (the main scheduler) in the
-        first of its ranked partitions where it fits (docs/fallback.md)."""
+        first of its ranked partitions where it fits (docs/fallback.md). ``failed``: the
+        pass's failed partitions, skipped; each tried where the job does not fit joins
+        them (Slurm's one queue record per job and partition)."""
         job = self.jobs[pos]
         for part in (job.ranked if ranked else ()) or (job.partition,):
+            if failed is not None and part in failed:
+                continue
             mask = self.masks[part]
             alloc = place(self.model, free, mask if usable is None else mask & usable, job.kr)
             if alloc is not None:
                 return alloc
+            if failed is not None:
+                failed.add(part)
         return None
 
 
@@ -291,12 +297,8 @@ def slurm_pass(depth: int, window_s: float) -> Pass:
         started: set[int] = set()
         failed: set[str] = set()
         for q, (_, _, pos) in enumerate(pending):
-            part = cx.jobs[pos].partition
-            if part in failed:
-                continue
-            alloc = cx.fit(pos, cx.free, ranked=True)
+            alloc = cx.fit(pos, cx.free, ranked=True, failed=failed)
             if alloc is None:
-                failed.add(part)
                 continue
             cx.start(pos, alloc, t)
             started.add(q)

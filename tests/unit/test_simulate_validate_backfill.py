@@ -5,6 +5,7 @@ backfill (every tested job reserved; reservations of whole nodes; failed partiti
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -209,3 +210,24 @@ def test_the_node_space_map_says_when_nodes_free_up() -> None:
     sp.add([0], 0.0, 20.0)
     use, later = sp.usable(0.0, 30.0, np.ones(2, dtype=bool))
     assert use.tolist() == [False, True] and later == 20.0
+
+
+def test_the_main_scheduler_fails_each_ranked_partition_where_a_job_does_not_fit(
+        model: ClusterModel) -> None:
+    # Ranked fallback over two one-node partitions, p1 = g1 then p2 = g2 (Slurm's queue: a
+    # record per job and partition, adjacent). j0 (2 GPUs) starts on g1. j1 (4 GPUs) does
+    # not fit in p1, which fails, and starts in p2 on g2. j2 (2 GPUs) would fit on g1's two
+    # free GPUs, but its p1 record is skipped (p1 failed in this pass) and p2 is full: the
+    # main scheduler leaves it to backfill. j3 (CPU) in its own partition starts.
+    parts = {**PARTS, "p1": (0,), "p2": (1,)}
+    ranked = ("p1", "p2")
+    jobs = [replace(job(model, 0, 0, 50, 60, gpus=2), ranked=ranked),
+            replace(job(model, 1, 0, 50, 60, gpus=4), ranked=ranked),
+            replace(job(model, 2, 0, 50, 60, gpus=2), ranked=ranked),
+            job(model, 3, 0, 50, 60, cores=1, part="cpu")]
+    r = Replay(model, jobs, parts, 1.0)
+    pending = [(1, 0.0, i) for i in range(4)]
+    started, head = r.main(0.0, pending, fcfs=False)
+    assert started == {0, 1, 3} and head == 2
+    assert [model.names[int(r.running[p].alloc.nodes[0])] for p in (0, 1, 3)] == \
+        ["g1", "g2", "c1"]
